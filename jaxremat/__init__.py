@@ -1,0 +1,45 @@
+"""jaxremat: optimal gradient checkpointing for JAX and Flax, proved with XLA's statistics."""
+
+from jaxremat._api import Remat as Remat
+from jaxremat._api import apply as apply
+from jaxremat._chain import Chain as Chain
+from jaxremat._chain import Plan as Plan
+from jaxremat._chain import peak_bytes as peak_bytes
+from jaxremat._chain import recompute_flops as recompute_flops
+from jaxremat._errors import ChainTooLongError as ChainTooLongError
+from jaxremat._errors import EmptyModelError as EmptyModelError
+from jaxremat._errors import InputMismatchError as InputMismatchError
+from jaxremat._errors import InvalidChainError as InvalidChainError
+from jaxremat._errors import InvalidPlanError as InvalidPlanError
+from jaxremat._errors import JaxrematError as JaxrematError
+from jaxremat._errors import NotAChainError as NotAChainError
+from jaxremat._errors import UnknownMethodError as UnknownMethodError
+from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
+from jaxremat._measure import Footprint as Footprint
+from jaxremat._measure import compile_footprint as compile_footprint
+from jaxremat._measure import measure as measure
+from jaxremat.solvers import solve as solve
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "Chain",
+    "ChainTooLongError",
+    "EmptyModelError",
+    "Footprint",
+    "InputMismatchError",
+    "InvalidChainError",
+    "InvalidPlanError",
+    "JaxrematError",
+    "NotAChainError",
+    "Plan",
+    "Remat",
+    "UnknownMethodError",
+    "UnsupportedModelError",
+    "apply",
+    "compile_footprint",
+    "measure",
+    "peak_bytes",
+    "recompute_flops",
+    "solve",
+)

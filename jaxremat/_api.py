@@ -1,0 +1,204 @@
+"""``jaxremat.apply``: trace, profile, solve and emit in one call."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxremat import _compat
+from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops, validate_plan
+from jaxremat._emit import emit
+from jaxremat._errors import InputMismatchError
+from jaxremat._profile import profile
+from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
+from jaxremat.solvers import solve
+
+#: Strategies listed by ``Remat.report`` next to the chosen plan.
+REPORTED_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Remat:
+  """The result of ``jaxremat.apply``.
+
+  Attributes:
+    fn: a drop-in for ``model_fn``: same signature, same outputs; each non-final
+      segment of the plan runs under ``jax.checkpoint``.
+    plan: the checkpoints chosen.
+    chain: the profiled layers (bytes, FLOPs, names).
+    solve_seconds: wall time of the solver.
+  """
+
+  fn: Callable[..., Any]
+  plan: Plan
+  chain: Chain
+  solve_seconds: float
+  fixed_bytes: int
+  traced: TracedChain = dataclasses.field(repr=False)
+
+  @property
+  def predicted_peak_bytes(self) -> int:
+    """Model R's activation peak of the plan (bytes)."""
+    return peak_bytes(self.chain, self.plan)
+
+  @property
+  def predicted_total_bytes(self) -> int:
+    """Predicted XLA footprint of ``jax.grad`` of a scalar loss of ``fn`` (bytes)."""
+    return self.predict_total_bytes(self.plan)
+
+  def predict_total_bytes(self, plan: Plan) -> int:
+    """Predicted XLA footprint of the gradient step under any ``plan`` (bytes).
+
+    Arguments (params, batch, array kwargs) and the parameter gradients are held for the
+    whole step; on top of them the activations peak as model R says, less ``a_0`` (the
+    batch, already an argument).
+    """
+    return self.fixed_bytes + peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
+
+  def report(self) -> str:
+    """A per-layer table and the predicted peak of each strategy."""
+    chain, kept = self.chain, set(self.plan.checkpoints)
+    last = self.plan.checkpoints[-1] if self.plan.checkpoints else 0
+    rows = [("#", "layer", "output", "residuals", "of which input", "plan", "GFLOP")]
+    for i in range(1, chain.n + 1):
+      status = "kept" if i in kept else ("recomputed" if i <= last else "saved")
+      rows.append((
+          str(i), chain.names[i - 1], _fmt(chain.act_bytes[i]), _fmt(chain.res_bytes[i - 1]),
+          _fmt(chain.input_res_bytes[i - 1]), status, f"{chain.flops[i - 1] / 1e9:.3f}"))
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(f"input x_0: {_fmt(chain.act_bytes[0])}; fixed (params, batch, grads): {_fmt(self.fixed_bytes)}")
+    lines.append(f"{'strategy':<14}{'checkpoints':>12}{'model-R peak':>16}{'predicted total':>18}{'recompute GFLOP':>18}")
+    for method in dict.fromkeys([*REPORTED_METHODS, self.plan.method]):
+      plan = self.plan if method == self.plan.method else solve(chain, method)
+      lines.append(
+          f"{method:<14}{len(plan.checkpoints):>12}{_fmt(peak_bytes(chain, plan)):>16}"
+          f"{_fmt(self.predict_total_bytes(plan)):>18}{recompute_flops(chain, plan) / 1e9:>18.3f}")
+    lines.append(f"chosen: {self.plan.method} checkpoints={list(self.plan.checkpoints)}")
+    return "\n".join(lines)
+
+
+def _fmt(num_bytes: int) -> str:
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if abs(num_bytes) >= scale:
+      return f"{num_bytes / scale:.2f} {unit}"
+  return f"{num_bytes} B"
+
+
+def apply(
+    model_fn: Callable[..., Any],
+    params: Any,
+    batch: Any,
+    *,
+    method: str = "optimal",
+    plan: Plan | None = None,
+    layer_depth: int | None = None,
+    **model_kwargs: Any,
+) -> Remat:
+  """Chooses checkpoints for ``model_fn`` and returns a rematerialised drop-in.
+
+  Args:
+    model_fn: ``model_fn(params, batch, **model_kwargs)``, e.g. a Flax ``model.apply``.
+      It must be a chain of layers at the chosen granularity.
+    params: the variables (any pytree of arrays).
+    batch: an example batch (any pytree of arrays) with the shapes used in training.
+    method: a solver name (see ``jaxremat.solve``); ignored when ``plan`` is given.
+    plan: use these checkpoints instead of solving.
+    layer_depth: name-stack depth that defines a layer (default: the root module's
+      children).
+    **model_kwargs: passed to ``model_fn`` on every call (``rngs=``, ``mutable=``,
+      ``train=``); array leaves are traced, the rest is static.
+
+  Returns:
+    A ``Remat`` whose ``fn(params, batch, **model_kwargs)`` equals ``model_fn``.
+
+  Raises:
+    NotAChainError, EmptyModelError, UnsupportedModelError, UnknownMethodError,
+    InvalidPlanError, TypeError for non-array inputs.
+  """
+  if not callable(model_fn):
+    raise TypeError(f"model_fn must be callable (e.g. model.apply), got {type(model_fn).__name__}.")
+  _check_arrays("params", params)
+  _check_arrays("batch", batch)
+  traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  chain = profile(traced)
+  start = time.perf_counter()
+  if plan is None:
+    plan = solve(chain, method)
+  else:
+    validate_plan(plan, chain.n)
+  seconds = time.perf_counter() - start
+  arrays, _, _ = split_kwargs(model_kwargs)
+  fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
+  fn = _DropIn(model_fn, plan, layer_depth, traced, _key(params, batch, model_kwargs))
+  return Remat(fn=fn, plan=plan, chain=chain, solve_seconds=seconds, fixed_bytes=fixed, traced=traced)
+
+
+def _check_arrays(what: str, tree: Any) -> None:
+  leaves = jax.tree_util.tree_leaves_with_path(tree)
+  bad = [(jax.tree_util.keystr(p), type(x).__name__) for p, x in leaves if not is_array_leaf(x)]
+  if bad:
+    shown = ", ".join(f"{what}{path} is a {kind}" for path, kind in bad[:5])
+    raise TypeError(
+        f"every leaf of {what} must be an array (jax.Array or numpy.ndarray): {shown}. "
+        "Convert with jnp.asarray or pass non-array options as keyword arguments.")
+
+
+def _tree_bytes(tree: Any) -> int:
+  return sum(_compat.aval_bytes(x) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _float_bytes(tree: Any) -> int:
+  return sum(_compat.aval_bytes(x) for x in jax.tree_util.tree_leaves(tree) if _compat.is_float(x))
+
+
+def _key(params: Any, batch: Any, kwargs: dict[str, Any]) -> Any:
+  arrays, kw_tree, static = split_kwargs(kwargs)
+
+  def avals(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((tuple(np.shape(x)), str(x.dtype)) for x in leaves)
+
+  try:
+    hash(static)
+  except TypeError:
+    static = tuple(map(id, static))
+  return avals(params), avals(batch), avals(arrays), kw_tree, static
+
+
+class _DropIn:
+  """``fn(params, batch, **kwargs)``: the model run segment by segment under the plan.
+
+  New input shapes (another batch size, or per-example shapes under ``vmap``) re-trace
+  the model; the plan is reused when the new trace has the same layers.
+  """
+
+  def __init__(self, model_fn, plan, layer_depth, traced, key):
+    self._model_fn = model_fn
+    self._plan = plan
+    self._layer_depth = layer_depth
+    self._names = tuple(layer.name for layer in traced.layers)
+    self._cache = {key: (traced, emit(traced, plan))}
+
+  def __call__(self, params: Any, batch: Any, **kwargs: Any) -> Any:
+    key = _key(params, batch, kwargs)
+    if key not in self._cache:
+      traced = trace(self._model_fn, params, batch, kwargs, self._layer_depth)
+      names = tuple(layer.name for layer in traced.layers)
+      if names != self._names:
+        raise InputMismatchError(
+            f"with these inputs the model has layers {list(names)}, but the plan was made "
+            f"for {list(self._names)}; call jaxremat.apply again with these inputs.")
+      self._cache[key] = (traced, emit(traced, self._plan))
+    traced, run = self._cache[key]
+    arrays, _, _ = split_kwargs(kwargs)
+    flat = jax.tree_util.tree_leaves((params, batch, arrays))
+    return jax.tree_util.tree_unflatten(traced.out_tree, run(flat))
+

@@ -1,0 +1,78 @@
+"""The few jaxpr internals jaxremat relies on, behind one module (tested in test_compat)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.extend import core as jex_core
+
+Var = jex_core.Var
+Literal = jex_core.Literal
+JaxprEqn = jex_core.JaxprEqn
+
+# Primitives that wrap a whole sub-program; a model traced under an outer jit shows up
+# as a single such equation, which jaxremat looks inside.
+CALL_PRIMITIVES = frozenset({"pjit", "jit", "closed_call", "core_call"})
+
+
+def name_stack(eqn: JaxprEqn) -> tuple[str, ...]:
+  """The equation's name stack (Flax module path, named scopes) as components."""
+  text = str(eqn.source_info.name_stack)
+  return tuple(part for part in text.split("/") if part)
+
+
+def inner_closed_jaxpr(eqn: JaxprEqn) -> jex_core.ClosedJaxpr | None:
+  """The ClosedJaxpr a call-like equation (jit) runs, or None for other equations."""
+  if eqn.primitive.name not in CALL_PRIMITIVES:
+    return None
+  inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+  if isinstance(inner, jex_core.ClosedJaxpr):
+    return inner
+  if isinstance(inner, jex_core.Jaxpr):
+    return jex_core.ClosedJaxpr(inner, ())
+  return None
+
+
+def effects_of(eqns: Sequence[JaxprEqn]) -> frozenset:
+  out: set = set()
+  for eqn in eqns:
+    out |= set(eqn.effects)
+  return frozenset(out)
+
+
+def sub_function(
+    eqns: Sequence[JaxprEqn], invars: Sequence[Var], outvars: Sequence[Any]
+) -> Callable[..., list]:
+  """A function evaluating ``eqns`` from ``invars`` to ``outvars`` (a list of arrays)."""
+  jaxpr = jex_core.Jaxpr((), list(invars), list(outvars), list(eqns), effects_of(eqns))
+  return jex_core.jaxpr_as_fun(jex_core.ClosedJaxpr(jaxpr, ()))
+
+
+def aval_bytes(aval: Any) -> int:
+  """Bytes of one abstract array (dtype-aware; extended dtypes such as PRNG keys too)."""
+  shape = getattr(aval, "shape", ())
+  dtype = getattr(aval, "dtype", None)
+  if dtype is None:
+    return 0
+  size = 1
+  for d in shape:
+    size *= int(d)
+  return size * int(jax.numpy.dtype(dtype).itemsize) if not jax.dtypes.issubdtype(
+      dtype, jax.dtypes.extended) else size * _key_itemsize(dtype)
+
+
+def _key_itemsize(dtype: Any) -> int:
+  impl = getattr(dtype, "_impl", None)
+  key_shape = getattr(impl, "key_shape", (2,))
+  size = 4
+  for d in key_shape:
+    size *= int(d)
+  return size
+
+
+def is_float(aval: Any) -> bool:
+  """True when values of this aval get real-valued cotangents."""
+  dtype = getattr(aval, "dtype", None)
+  return dtype is not None and jax.dtypes.issubdtype(dtype, jax.numpy.inexact)

@@ -1,0 +1,39 @@
+"""The error hierarchy: every error jaxremat raises on bad input is a JaxrematError."""
+
+from __future__ import annotations
+
+
+class JaxrematError(Exception):
+  """Base class of every error jaxremat raises on bad input."""
+
+
+class InvalidChainError(JaxrematError, ValueError):
+  """A Chain was built from inconsistent byte counts."""
+
+
+class InvalidPlanError(JaxrematError, ValueError):
+  """A Plan's checkpoints are not valid for the chain it is applied to."""
+
+
+class UnknownMethodError(JaxrematError, ValueError):
+  """``solve`` was asked for a method it does not have."""
+
+
+class ChainTooLongError(JaxrematError, ValueError):
+  """An exhaustive solver was asked to solve a chain too long for it."""
+
+
+class NotAChainError(JaxrematError, ValueError):
+  """The traced model is not a chain of layers at the chosen granularity."""
+
+
+class EmptyModelError(JaxrematError, ValueError):
+  """The traced model has no layers to checkpoint."""
+
+
+class InputMismatchError(JaxrematError, ValueError):
+  """Inputs given to a remat function do not fit the model it was built for."""
+
+
+class UnsupportedModelError(JaxrematError, ValueError):
+  """The model does something jaxremat cannot re-execute safely."""

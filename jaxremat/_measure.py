@@ -1,0 +1,98 @@
+"""Measure a training step's memory with XLA's compiled statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+#: XLA's CPU pipeline expands jax.checkpoint's optimization barriers and then CSE merges
+#: the recomputation back into the forward pass; disabling the expander keeps remat real.
+CPU_COMPILER_OPTIONS: Mapping[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+  """XLA's compiled memory statistics of one program, in bytes.
+
+  ``total_bytes = argument_bytes + output_bytes + temp_bytes - alias_bytes``.
+  """
+
+  argument_bytes: int
+  output_bytes: int
+  temp_bytes: int
+  alias_bytes: int
+  flops: float
+  backend: str
+  compiler_options: Mapping[str, str]
+
+  @property
+  def total_bytes(self) -> int:
+    return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+  @property
+  def barriers_kept(self) -> bool:
+    """False on CPU when the barrier expander ran (remat would be silently undone)."""
+    if self.backend != "cpu":
+      return True
+    return "cse_barrier_expander" in self.compiler_options.get("xla_disable_hlo_passes", "")
+
+
+def default_compiler_options(backend: str | None = None) -> dict[str, str]:
+  """The options under which remat is real on ``backend`` (CPU: keep the barriers)."""
+  backend = backend or jax.default_backend()
+  return dict(CPU_COMPILER_OPTIONS) if backend == "cpu" else {}
+
+
+def compile_footprint(
+    fn: Callable[..., Any], *args: Any, compiler_options: Mapping[str, str] | None = None
+) -> Footprint:
+  """Compiles ``jax.jit(fn)(*args)`` and returns its footprint.
+
+  On CPU the barrier expander is always disabled (added to any given
+  ``xla_disable_hlo_passes``), so that ``jax.checkpoint`` is not undone.
+  """
+  backend = jax.default_backend()
+  options = dict(compiler_options or {})
+  for key, value in default_compiler_options(backend).items():
+    present = [p for p in options.get(key, "").split(",") if p]
+    options[key] = ",".join(dict.fromkeys([*present, value]))
+  compiled = jax.jit(fn).lower(*args).compile(compiler_options=options or None)
+  stats = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  return Footprint(
+      argument_bytes=int(stats.argument_size_in_bytes),
+      output_bytes=int(stats.output_size_in_bytes),
+      temp_bytes=int(stats.temp_size_in_bytes),
+      alias_bytes=int(stats.alias_size_in_bytes),
+      flops=float((cost or {}).get("flops", 0.0)),
+      backend=backend,
+      compiler_options=options,
+  )
+
+
+def measure(
+    loss_fn: Callable[..., Any],
+    params: Any,
+    batch: Any,
+    *,
+    compiler_options: Mapping[str, str] | None = None,
+) -> Footprint:
+  """XLA's footprint of the gradient step ``jax.grad(loss_fn)(params, batch)``.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch) -> scalar``.
+    params: the parameters (any pytree of arrays); gradients are taken with respect
+      to them.
+    batch: the batch (any pytree of arrays).
+    compiler_options: extra XLA options (e.g. ``{"xla_disable_hlo_passes":
+      "rematerialization"}`` on GPU to measure a plan without XLA's own remat).
+
+  Returns:
+    The compiled step's ``Footprint``; ``total_bytes`` is the figure to compare.
+  """
+  return compile_footprint(jax.grad(loss_fn), params, batch, compiler_options=compiler_options)

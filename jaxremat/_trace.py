@@ -1,0 +1,273 @@
+"""Trace a model to a jaxpr and group its equations into a chain of layers."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxremat import _compat
+from jaxremat._errors import EmptyModelError, NotAChainError, UnsupportedModelError
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+  """One layer of the chain: a run of consecutive equations."""
+
+  name: str
+  eqns: tuple[_compat.JaxprEqn, ...]
+  inputs: tuple[_compat.Var, ...]  # x_{i-1}: vars made by the previous layer (or the batch)
+  invariants: tuple[_compat.Var, ...]  # params, batch, kwargs, constants it reads
+  outputs: tuple[_compat.Var, ...]  # x_i: vars later layers read
+  side_outputs: tuple[_compat.Var, ...]  # vars it makes that are model outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedChain:
+  """A model traced for fixed input shapes, split into a chain of layers.
+
+  The flat inputs are the leaves of ``(params, batch, array_kwargs)``; ``input_vars``
+  names them in the jaxpr. ``prelude`` holds equations that depend only on inputs and
+  feed more than one layer (they run once, before the chain).
+  """
+
+  input_vars: tuple[_compat.Var, ...]
+  const_vars: tuple[_compat.Var, ...]
+  consts: tuple[Any, ...]
+  num_params: int
+  num_batch: int
+  prelude: tuple[_compat.JaxprEqn, ...]
+  prelude_outputs: tuple[_compat.Var, ...]
+  layers: tuple[Layer, ...]
+  outvars: tuple[Any, ...]
+  out_tree: Any
+
+  @property
+  def param_vars(self) -> tuple[_compat.Var, ...]:
+    return self.input_vars[: self.num_params]
+
+  @property
+  def batch_vars(self) -> tuple[_compat.Var, ...]:
+    return self.input_vars[self.num_params : self.num_params + self.num_batch]
+
+
+def is_array_leaf(x: Any) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def split_kwargs(kwargs: dict[str, Any]) -> tuple[list[Any], Any, tuple[Any, ...]]:
+  """Splits model kwargs into array leaves (traced) and the rest (static, hashable)."""
+  leaves, treedef = jax.tree_util.tree_flatten(kwargs)
+  arrays = [x for x in leaves if is_array_leaf(x)]
+  static = tuple(None if is_array_leaf(x) else x for x in leaves)
+  return arrays, treedef, static
+
+
+def merge_kwargs(arrays: Sequence[Any], treedef: Any, static: tuple[Any, ...]) -> dict[str, Any]:
+  it = iter(arrays)
+  return jax.tree_util.tree_unflatten(treedef, [next(it) if s is None else s for s in static])
+
+
+def trace(
+    model_fn: Callable[..., Any],
+    params: Any,
+    batch: Any,
+    kwargs: dict[str, Any],
+    layer_depth: int | None = None,
+) -> TracedChain:
+  """Traces ``model_fn(params, batch, **kwargs)`` and splits it into a chain of layers.
+
+  Layers are runs of equations that share a name-stack prefix (a Flax module path such
+  as ``Sequential/layers_3``) ``layer_depth`` components below the root module; by
+  default the children of the root module. Equations outside any child (``nn.relu`` in
+  a ``Sequential``, a reshape) form layers of their own.
+
+  Raises:
+    NotAChainError: a layer reads a value made two or more layers earlier.
+    EmptyModelError: the model has no equations that depend on its batch.
+  """
+  arrays, kw_tree, static = split_kwargs(kwargs)
+  params_leaves = jax.tree_util.tree_leaves(params)
+  batch_leaves = jax.tree_util.tree_leaves(batch)
+
+  def flat_fn(params, batch, arrays):
+    return model_fn(params, batch, **merge_kwargs(arrays, kw_tree, static))
+
+  def spec(x):
+    return jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x) if not hasattr(x, "dtype") else x.dtype)
+
+  closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(
+      *jax.tree_util.tree_map(spec, (params, batch, arrays)))
+  out_tree = jax.tree_util.tree_structure(out_shape)
+  jaxpr, consts = _unwrap_calls(closed.jaxpr, list(closed.consts))
+  input_vars = tuple(jaxpr.invars)
+  const_vars = tuple(jaxpr.constvars)
+  invariant = set(input_vars) | set(const_vars)
+  eqns = list(jaxpr.eqns)
+  _reject_unsupported(eqns)
+
+  groups = _group(eqns, layer_depth)
+  batch_vars = input_vars[len(params_leaves) : len(params_leaves) + len(batch_leaves)]
+  prelude, groups = _hoist_invariant_values(groups, invariant - set(batch_vars))
+  prelude_outputs = tuple(dict.fromkeys(v for e in prelude for v in e.outvars))
+  invariant |= set(prelude_outputs)
+  groups = [(name, g) for name, g in groups if g]
+  if not groups:
+    raise EmptyModelError(
+        "the model has no layers: its outputs do not depend on the batch through any "
+        "computation, so there is nothing to checkpoint.")
+  layers = _link(groups, invariant, jaxpr.outvars)
+  return TracedChain(
+      input_vars=input_vars,
+      const_vars=const_vars,
+      consts=tuple(consts),
+      num_params=len(params_leaves),
+      num_batch=len(batch_leaves),
+      prelude=tuple(prelude),
+      prelude_outputs=prelude_outputs,
+      layers=layers,
+      outvars=tuple(jaxpr.outvars),
+      out_tree=out_tree,
+  )
+
+
+def _unwrap_calls(jaxpr, consts):
+  """Looks inside a model that is one jit call (``jax.jit(model.apply)``)."""
+  while len(jaxpr.eqns) == 1 and not jaxpr.constvars:
+    eqn = jaxpr.eqns[0]
+    inner = _compat.inner_closed_jaxpr(eqn)
+    if inner is None or list(eqn.invars) != list(jaxpr.invars) or list(eqn.outvars) != list(jaxpr.outvars):
+      break
+    jaxpr, consts = inner.jaxpr, list(inner.consts)
+  return jaxpr, consts
+
+
+_UNSUPPORTED = ("callback", "io_callback", "debug_callback")
+
+
+def _reject_unsupported(eqns):
+  for eqn in eqns:
+    if any(name in eqn.primitive.name for name in _UNSUPPORTED) or eqn.effects:
+      where = "/".join(_compat.name_stack(eqn)) or "the model's top level"
+      raise UnsupportedModelError(
+          f"equation {eqn.primitive.name!r} in {where} has side effects "
+          f"({sorted(map(str, eqn.effects)) or 'a host callback'}); a rematerialised "
+          "segment runs twice, so jaxremat does not re-execute effects. Remove the "
+          "callback (jax.debug.print, io_callback) from the model or move it outside.")
+
+
+def _group(eqns, layer_depth):
+  """Groups consecutive equations by name-stack prefix into named layers."""
+  stacks = [_compat.name_stack(e) for e in eqns]
+  if layer_depth is None:
+    roots = {s[0] for s in stacks if s}
+    layer_depth = 1 if len(roots) == 1 and all(stacks) else 0
+  groups: list[tuple[Any, list]] = []
+  for eqn, stack in zip(eqns, stacks):
+    key = stack[: layer_depth + 1] if len(stack) > layer_depth else ("", *stack)
+    if groups and groups[-1][0] == key:
+      groups[-1][1].append(eqn)
+    else:
+      groups.append((key, [eqn]))
+  named = []
+  seen: dict[str, int] = {}
+  for key, group in groups:
+    if key and key[0] == "":  # equations outside any child module
+      prims = list(dict.fromkeys(_eqn_label(e) for e in group))
+      name = "(" + ",".join(prims[:3]) + (",..." if len(prims) > 3 else "") + ")"
+    else:
+      name = "/".join(key[layer_depth:]) if layer_depth else "/".join(key)
+    seen[name] = seen.get(name, 0) + 1
+    named.append((name if seen[name] == 1 else f"{name}#{seen[name]}", group))
+  return named
+
+
+def _eqn_label(eqn) -> str:
+  if eqn.primitive.name in ("custom_jvp_call", "custom_vjp_call", "pjit", "jit"):
+    for key in ("call_jaxpr", "jaxpr", "fun_jaxpr"):
+      inner = eqn.params.get(key)
+      info = getattr(getattr(inner, "jaxpr", inner), "debug_info", None)
+      src = getattr(info, "func_src_info", None)
+      if src:
+        return src.split(" ")[0]
+  return eqn.primitive.name
+
+
+def _hoist_invariant_values(groups, invariant):
+  """Moves equations that depend only on ``invariant`` values (parameters, kwargs,
+  constants: not the batch) and feed other layers into a prelude."""
+  derived = set(invariant)
+  origin: dict[Any, int] = {}
+  for gi, (_, group) in enumerate(groups):
+    for eqn in group:
+      if all(isinstance(v, _compat.Literal) or v in derived for v in eqn.invars):
+        for v in eqn.outvars:
+          derived.add(v)
+          origin[v] = gi
+  crossing = set()
+  for gi, (_, group) in enumerate(groups):
+    for eqn in group:
+      for v in eqn.invars:
+        if not isinstance(v, _compat.Literal) and v in origin and origin[v] != gi:
+          crossing.add(v)
+  if not crossing:
+    return [], groups
+  # The crossing values and everything they are computed from (all input-derived).
+  needed = set(crossing)
+  hoisted_ids = set()
+  for _, group in reversed(groups):
+    for eqn in reversed(group):
+      if any(v in needed for v in eqn.outvars):
+        hoisted_ids.add(id(eqn))
+        needed.update(v for v in eqn.invars if not isinstance(v, _compat.Literal) and v in origin)
+  prelude = [e for _, g in groups for e in g if id(e) in hoisted_ids]
+  rest = [(name, [e for e in g if id(e) not in hoisted_ids]) for name, g in groups]
+  return prelude, rest
+
+
+def _link(groups, invariant, outvars) -> tuple[Layer, ...]:
+  """Finds each layer's inputs and outputs and checks that the layers form a chain."""
+  made_by: dict[Any, int] = {}
+  for li, (_, group) in enumerate(groups):
+    for eqn in group:
+      for v in eqn.outvars:
+        made_by[v] = li
+  model_outputs = {v for v in outvars if not isinstance(v, _compat.Literal)}
+  reads: list[list] = []
+  inv_reads: list[list] = []
+  for li, (name, group) in enumerate(groups):
+    own = {v for e in group for v in e.outvars}
+    ext, inv = [], []
+    for eqn in group:
+      for v in eqn.invars:
+        if isinstance(v, _compat.Literal) or v in own:
+          continue
+        if v in invariant:
+          inv.append(v)
+          continue
+        src = made_by[v]
+        if src != li - 1:
+          raise NotAChainError(
+              f"layer {li + 1} {name!r} reads a value made by layer {src + 1} "
+              f"{groups[src][0]!r}, skipping over layer {src + 2} {groups[src + 1][0]!r}: "
+              "the model is not a chain at this granularity. Group the skip connection "
+              "into one module (e.g. a residual block whose __call__ adds its input) or "
+              "pass layer_depth= to choose another granularity.")
+        ext.append(v)
+    reads.append(list(dict.fromkeys(ext)))
+    inv_reads.append(list(dict.fromkeys(inv)))
+  layers = []
+  n = len(groups)
+  for li, (name, group) in enumerate(groups):
+    made = [v for e in group for v in e.outvars]
+    later = set(reads[li + 1]) if li + 1 < n else set()
+    outputs = tuple(v for v in made if v in later)
+    side = tuple(v for v in made if v in model_outputs)
+    inputs = tuple(reads[li])
+    if li == 0:
+      inputs = ()  # the first layer's x_0 is part of the batch (an invariant input)
+    layers.append(Layer(name, tuple(group), inputs, tuple(inv_reads[li]), outputs, side))
+  return tuple(layers)

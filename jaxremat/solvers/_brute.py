@@ -1,0 +1,26 @@
+"""Exhaustive search over all 2^(n-1) plans: the oracle for tests (n <= 20)."""
+
+from __future__ import annotations
+
+import itertools
+
+from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops
+from jaxremat._errors import ChainTooLongError
+
+MAX_LAYERS = 20
+
+
+def solve_brute(chain: Chain) -> Plan:
+  """The plan of least ``peak_bytes``; among ties, the least recomputed FLOPs."""
+  n = chain.n
+  if n > MAX_LAYERS:
+    raise ChainTooLongError(
+        f"method='brute' enumerates 2^(n-1) plans and accepts at most {MAX_LAYERS} "
+        f"layers; this chain has {n}. Use method='optimal' (exact, O(n)).")
+  best_key, best = None, Plan((), method="brute")
+  for mask in itertools.product((False, True), repeat=max(n - 1, 0)):
+    plan = Plan(tuple(i + 1 for i, keep in enumerate(mask) if keep), method="brute")
+    key = (peak_bytes(chain, plan), recompute_flops(chain, plan), len(plan.checkpoints))
+    if best_key is None or key < best_key:
+      best_key, best = key, plan
+  return best
