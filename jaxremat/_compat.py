@@ -46,7 +46,10 @@ def sub_function(
     eqns: Sequence[JaxprEqn], invars: Sequence[Var], outvars: Sequence[Any]
 ) -> Callable[..., list]:
   """A function evaluating ``eqns`` from ``invars`` to ``outvars`` (a list of arrays)."""
-  jaxpr = jex_core.Jaxpr((), list(invars), list(outvars), list(eqns), effects_of(eqns))
+  info = jex_core.DebugInfo(
+      "jaxremat", "segment", tuple(f"x{k}" for k in range(len(invars))),
+      tuple(f"[{k}]" for k in range(len(outvars))))
+  jaxpr = jex_core.Jaxpr((), list(invars), list(outvars), list(eqns), effects_of(eqns), info)
   return jex_core.jaxpr_as_fun(jex_core.ClosedJaxpr(jaxpr, ()))
 
 

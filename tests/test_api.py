@@ -1,0 +1,129 @@
+"""jaxremat.apply end to end: the drop-in gives the same outputs and gradients as the model."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxremat
+from jaxremat import zoo
+
+KEY = jax.random.key(0)
+
+# (name, model, input, kwargs for apply, tolerance)
+ZOO = [
+    ("mlp", zoo.mlp([64, 128, 32, 96, 10]), jnp.ones((8, 20)), {}, 1e-5),
+    ("cnn", nn.Sequential([nn.Conv(8, (3, 3)), nn.relu, zoo.max_pool_2x2, nn.Conv(16, (3, 3)),
+                           nn.relu, zoo.max_pool_2x2, zoo.flatten, nn.Dense(10)]),
+     jax.random.normal(KEY, (4, 16, 16, 3)), {}, 1e-5),
+    ("resnet-batchnorm", zoo.resnet((1, 1), width=8), jax.random.normal(KEY, (4, 16, 16, 3)),
+     {"mutable": ["batch_stats"]}, 1e-4),
+    ("dropout", zoo.DropoutMLP((32, 64, 32, 10), rate=0.3), jnp.ones((8, 20)),
+     {"rngs": {"dropout": jax.random.key(7)}}, 1e-5),
+    ("bf16", zoo.mlp([64, 128, 32, 10], dtype=jnp.bfloat16), jnp.ones((8, 20), jnp.bfloat16), {}, 2e-2),
+]
+PLANS = ["none", "every-layer", "sqrt", "optimal"]
+
+
+def _init(model, x, kwargs):
+  rngs = {"params": KEY, **kwargs.get("rngs", {})}
+  return model.init(rngs, x)
+
+
+def _loss(fn, kwargs):
+  def loss(params, x):
+    out = fn(params, x, **kwargs)
+    leaves = jax.tree_util.tree_leaves(out)
+    return sum(jnp.mean(jnp.square(leaf.astype(jnp.float32))) for leaf in leaves)
+  return loss
+
+
+def _assert_trees_close(a, b, tol):
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
+    x32, y32 = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    scale = max(1.0, float(np.max(np.abs(x32))))
+    np.testing.assert_allclose(y32, x32, atol=tol * scale, rtol=tol, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("method", PLANS)
+@pytest.mark.parametrize("name,model,x,kwargs,tol", ZOO, ids=[z[0] for z in ZOO])
+def test_gradients_equal_plain_gradients(name, model, x, kwargs, tol, method):
+  params = _init(model, x, kwargs)
+  r = jaxremat.apply(model.apply, params, x, method=method, **kwargs)
+  assert r.chain.n >= 3
+  want = jax.jit(jax.grad(_loss(model.apply, kwargs)))(params, x)
+  got = jax.jit(jax.grad(_loss(r.fn, kwargs)))(params, x)
+  assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+  _assert_trees_close(want, got, tol)
+  _assert_trees_close(model.apply(params, x, **kwargs), r.fn(params, x, **kwargs), tol)
+
+
+def test_params_tree_untouched_and_outputs_are_pytrees():
+  model = zoo.resnet((1,), width=4)
+  x = jnp.ones((2, 8, 8, 3))
+  params = _init(model, x, {})
+  before = jax.tree_util.tree_map(np.asarray, params)
+  r = jaxremat.apply(model.apply, params, x, method="every-layer", mutable=["batch_stats"])
+  out, state = r.fn(params, x, mutable=["batch_stats"])
+  want_out, want_state = model.apply(params, x, mutable=["batch_stats"])
+  _assert_trees_close(want_out, out, 1e-5)
+  _assert_trees_close(want_state, state, 1e-5)
+  _assert_trees_close(before, params, 0.0)
+
+
+def test_under_jit_vmap_and_value_and_grad():
+  model = zoo.mlp([16, 32, 8])
+  x = jax.random.normal(KEY, (6, 5))
+  params = _init(model, x, {})
+  r = jaxremat.apply(model.apply, params, x, method="every-layer")
+  np.testing.assert_allclose(jax.jit(r.fn)(params, x), model.apply(params, x), rtol=1e-6)
+  per_example = jax.vmap(r.fn, in_axes=(None, 0))(params, x)
+  np.testing.assert_allclose(per_example, model.apply(params, x), rtol=1e-5, atol=1e-6)
+  loss = _loss(r.fn, {})
+  value, grads = jax.value_and_grad(loss)(params, x)
+  np.testing.assert_allclose(value, _loss(model.apply, {})(params, x), rtol=1e-6)
+  _assert_trees_close(jax.grad(_loss(model.apply, {}))(params, x), grads, 1e-5)
+
+
+def test_new_batch_size_reuses_the_plan():
+  model = zoo.mlp([16, 32, 8])
+  params = _init(model, jnp.ones((4, 5)), {})
+  r = jaxremat.apply(model.apply, params, jnp.ones((4, 5)), method="every-layer")
+  x = jax.random.normal(KEY, (9, 5))
+  np.testing.assert_allclose(r.fn(params, x), model.apply(params, x), rtol=1e-6)
+
+
+def test_outer_jit_is_looked_through():
+  model = zoo.mlp([16, 32, 16, 8])
+  x = jnp.ones((4, 5))
+  params = _init(model, x, {})
+  r = jaxremat.apply(jax.jit(model.apply), params, x)
+  assert r.chain.n == 7
+
+
+def test_layer_names_follow_flax_modules():
+  model = zoo.mlp([16, 32, 8])
+  params = _init(model, jnp.ones((4, 5)), {})
+  r = jaxremat.apply(model.apply, params, jnp.ones((4, 5)))
+  assert r.chain.names == ("layers_0", "(relu)", "layers_2", "(relu)#2", "layers_4")
+
+
+def test_profile_bytes_are_dtype_aware():
+  x = jnp.ones((8, 20), jnp.bfloat16)
+  for dtype, itemsize in ((jnp.float32, 4), (jnp.bfloat16, 2)):
+    model = zoo.mlp([64, 32, 10], dtype=dtype)
+    params = _init(model, x, {})
+    chain = jaxremat.apply(model.apply, params, x).chain
+    assert chain.act_bytes[1] == 8 * 64 * itemsize  # Dense output
+    assert chain.act_bytes[-1] == 8 * 10 * itemsize
+    assert chain.act_bytes[0] == 8 * 20 * 2  # the bf16 batch
+    assert chain.input_res_bytes[2] == 8 * 64 * itemsize  # the second Dense saves its input
+
+
+def test_report_lists_every_layer_and_strategy():
+  model = zoo.mlp([16, 32, 8])
+  params = _init(model, jnp.ones((4, 5)), {})
+  text = jaxremat.apply(model.apply, params, jnp.ones((4, 5))).report()
+  for word in ("layers_0", "(relu)", "layers_4", "none", "every-layer", "sqrt", "optimal"):
+    assert word in text

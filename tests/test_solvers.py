@@ -1,0 +1,312 @@
+"""One shared test set run over every method in ``jaxremat.solvers.SOLVERS``."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import random
+
+import pytest
+
+from jaxremat import (Chain, ChainTooLongError, Plan, UnknownMethodError, peak_bytes,
+                      recompute_flops, solve)
+from jaxremat.solvers import SOLVERS
+
+METHODS = sorted(SOLVERS)
+EXACT = ("optimal", "quadratic", "brute")  # exact minimisers of model R
+SMALL_ONLY = {"brute"}  # exhaustive: only run on short chains
+
+# Value pools for random chains: zeros, heavy ties, spread values, large byte counts.
+POOLS = (
+    [0],
+    [5],
+    [0, 1],
+    [0, 0, 0, 1],
+    [2, 2, 2, 2, 3],
+    [0, 1, 2],
+    list(range(10)),
+    [0, 7, 7, 7, 100],
+    [0, 1, 1000],
+    [0, 2**40, 2**40 + 1, 3 * 2**40],
+)
+
+
+def literal_peak(a, b, g, e, w, checkpoints):
+  """Model R straight from DESIGN.md, 1-based: max over segments (l, r], i in (l, r].
+
+  Live at layer i of segment (l, r]: sum of a_c over c in C ∪ {0} with c <= l, plus
+  b_{l+1} + ... + b_i, less e_{l+1}, plus w_i + g_i + g_{i-1}.
+  """
+  n = len(b)
+  b1, e1, w1 = [None, *b], [None, *e], [None, *w]  # b1[t] == b_t
+  kept = [0, *checkpoints]
+  bounds = [0, *checkpoints, n]
+  peak = None
+  for j in range(1, len(bounds)):
+    l, r = bounds[j - 1], bounds[j]
+    for i in range(l + 1, r + 1):
+      held = sum(a[c] for c in kept if c <= l)
+      res = sum(b1[t] for t in range(l + 1, i + 1)) - e1[l + 1]
+      live = held + res + w1[i] + g[i] + g[i - 1]
+      peak = live if peak is None else max(peak, live)
+  return peak
+
+
+def literal_peak_of(chain, checkpoints):
+  return literal_peak(chain.act_bytes, chain.res_bytes, chain.cot_bytes, chain.input_res_bytes,
+                      chain.workspace_bytes, checkpoints)
+
+
+def all_plans(n):
+  """Every subset of ``1..n-1``, each as an increasing tuple."""
+  return [cps for k in range(n) for cps in itertools.combinations(range(1, n), k)]
+
+
+def brute_force(chain):
+  """Least literal peak over every plan, and the least recompute FLOPs among those plans."""
+  scored = [(literal_peak_of(chain, cps), sum(chain.flops[:max(cps, default=0)]))
+            for cps in all_plans(chain.n)]
+  return min(scored)
+
+
+def random_chain(rng: random.Random, n: int, refine: bool) -> Chain:
+  """A chain of ``n`` layers with values from one random pool (plus refinements)."""
+  pool = rng.choice(POOLS)
+  a = [rng.choice(pool) for _ in range(n + 1)]
+  b = [rng.choice(pool) for _ in range(n)]
+  flops = [rng.choice((0, 1, 1, 3, 10)) for _ in range(n)]
+  if not refine:
+    return Chain(a, b, flops=flops)
+  return Chain(
+      a, b,
+      cot_bytes=[rng.choice(pool) for _ in range(n + 1)],
+      input_res_bytes=[rng.choice((0, x, rng.randint(0, x))) for x in b],
+      workspace_bytes=[rng.choice(pool) for _ in range(n)],
+      flops=flops)
+
+
+@functools.cache
+def small_case(seed: int) -> tuple[Chain, tuple[int, int]]:
+  """Seeded chain of 1..10 layers (refinements in half of them) and its brute-force optimum."""
+  rng = random.Random(seed)
+  chain = random_chain(rng, rng.randint(1, 10), refine=seed % 2 == 1)
+  return chain, brute_force(chain)
+
+
+def check_plan(chain: Chain, plan: Plan, method: str) -> None:
+  assert isinstance(plan, Plan)
+  assert plan.method == method
+  cps = plan.checkpoints
+  assert all(type(c) is int for c in cps)
+  assert all(1 <= c <= chain.n - 1 for c in cps), (chain.n, cps)
+  assert all(x < y for x, y in zip(cps, cps[1:])), cps
+
+
+def test_method_list():
+  assert set(EXACT) <= set(SOLVERS)
+  assert {"none", "every-layer", "sqrt", "best-uniform"} <= set(SOLVERS)
+
+
+# --- every method: valid plans ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_plans_are_valid(method):
+  rng = random.Random(1)
+  sizes = list(range(0, 13)) * 5
+  if method not in SMALL_ONLY:
+    sizes += [20, 50, 200, 1000]
+  for n in sizes:
+    chain = random_chain(rng, n, refine=rng.random() < 0.5)
+    plan = solve(chain, method)
+    check_plan(chain, plan, method)
+    assert peak_bytes(chain, plan) >= 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_chain_of_one_layer_has_no_checkpoints(method):
+  for chain in (Chain([1, 1], [1]), Chain([0, 0], [0]), Chain([9, 2], [7], cot_bytes=[1, 1])):
+    plan = solve(chain, method)
+    check_plan(chain, plan, method)
+    assert plan.checkpoints == ()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_chain_of_two_layers(method):
+  rng = random.Random(2)
+  for _ in range(50):
+    chain = random_chain(rng, 2, refine=rng.random() < 0.5)
+    plan = solve(chain, method)
+    check_plan(chain, plan, method)
+    assert plan.checkpoints in ((), (1,))
+    if method in EXACT:
+      assert peak_bytes(chain, plan) == min(literal_peak_of(chain, ()), literal_peak_of(chain, (1,)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_deterministic(method):
+  rng = random.Random(3)
+  for _ in range(20):
+    chain = random_chain(rng, rng.randint(1, 10), refine=True)
+    assert solve(chain, method) == solve(chain, method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_never_beats_the_optimum_and_optimal_never_loses(method):
+  rng = random.Random(4)
+  for _ in range(100):
+    n = rng.randint(1, 10 if method in SMALL_ONLY else 150)
+    chain = random_chain(rng, n, refine=rng.random() < 0.5)
+    best = peak_bytes(chain, solve(chain, "optimal"))
+    assert peak_bytes(chain, solve(chain, method)) >= best
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_worked_example(method):
+  chain = Chain([1, 2, 2, 2, 1], [3, 3, 3, 3])
+  plan = solve(chain, method)
+  check_plan(chain, plan, method)
+  if method in EXACT:
+    assert plan.checkpoints == (2, 3)
+    assert peak_bytes(chain, plan) == 11
+
+
+# --- exact methods ----------------------------------------------------------------------
+
+SMALL_BATCHES = 8
+SMALL_PER_BATCH = 500  # 4000 chains of 1..10 layers
+
+
+@pytest.mark.parametrize("batch", range(SMALL_BATCHES))
+@pytest.mark.parametrize("method", EXACT)
+def test_exact_equals_brute_force(method, batch):
+  for seed in range(batch * SMALL_PER_BATCH, (batch + 1) * SMALL_PER_BATCH):
+    chain, (best, _) = small_case(seed)
+    plan = solve(chain, method)
+    check_plan(chain, plan, method)
+    assert literal_peak_of(chain, plan.checkpoints) == best, (seed, chain, plan)
+
+
+@pytest.mark.parametrize("method", [
+    "brute",
+    pytest.param("optimal", marks=pytest.mark.xfail(
+        strict=True, reason="DESIGN.md: ties should prefer the least recomputation")),
+    pytest.param("quadratic", marks=pytest.mark.xfail(
+        strict=True, reason="DESIGN.md: ties should prefer the least recomputation")),
+])
+def test_exact_ties_prefer_least_recomputation(method):
+  for seed in range(SMALL_PER_BATCH):
+    chain, (_, least_flops) = small_case(seed)
+    plan = solve(chain, method)
+    assert recompute_flops(chain, plan) == least_flops, (seed, chain, plan)
+
+
+LARGE_CASES = [
+    # (n, pool index or None for wide random values, refine)
+    (2000, None, False),
+    (2000, 2, True),
+    (1500, None, True),
+    (1200, 4, False),
+    (1000, 1, True),
+    (800, 8, True),
+    (500, 9, False),
+    (3000, None, True),
+    (2500, 0, False),
+    (2000, 6, True),
+]
+
+
+@pytest.mark.parametrize("n, pool, refine", LARGE_CASES)
+def test_optimal_equals_quadratic_on_long_chains(n, pool, refine):
+  rng = random.Random(n * 31 + refine)
+
+  def pick():
+    return rng.randrange(1 << 20) if pool is None else rng.choice(POOLS[pool])
+
+  b = [pick() for _ in range(n)]
+  kwargs = {}
+  if refine:
+    kwargs = dict(cot_bytes=[pick() for _ in range(n + 1)],
+                  input_res_bytes=[rng.randint(0, x) for x in b],
+                  workspace_bytes=[pick() for _ in range(n)])
+  chain = Chain([pick() for _ in range(n + 1)], b, **kwargs)
+  assert peak_bytes(chain, solve(chain, "optimal")) == peak_bytes(chain, solve(chain, "quadratic"))
+
+
+def test_optimal_equals_quadratic_on_many_medium_chains():
+  rng = random.Random(5)
+  for _ in range(600):
+    n = rng.randint(10, 120)
+    chain = random_chain(rng, n, refine=rng.random() < 0.5)
+    assert peak_bytes(chain, solve(chain, "optimal")) == peak_bytes(chain, solve(chain, "quadratic"))
+
+
+# --- baselines --------------------------------------------------------------------------
+
+BASELINE_SIZES = list(range(1, 60)) + [99, 100, 101, 1000, 1024, 2000]
+
+
+def test_none_has_no_checkpoints():
+  for n in BASELINE_SIZES:
+    assert solve(Chain([1] * (n + 1), [1] * n), "none").checkpoints == ()
+
+
+def test_every_layer_keeps_every_output():
+  for n in BASELINE_SIZES:
+    plan = solve(Chain([1] * (n + 1), [1] * n), "every-layer")
+    assert plan.checkpoints == tuple(range(1, n))
+    assert len(plan.checkpoints) == n - 1
+
+
+def test_sqrt_segments_have_length_ceil_sqrt_n():
+  for n in BASELINE_SIZES:
+    k = math.isqrt(n - 1) + 1  # ceil(sqrt(n)) for n >= 1
+    assert (k - 1) ** 2 < n <= k**2
+    plan = solve(Chain([1] * (n + 1), [1] * n), "sqrt")
+    lengths = [r - l for l, r in plan.segments(n)]
+    assert all(length == k for length in lengths[:-1]), (n, lengths)
+    assert 1 <= lengths[-1] <= k, (n, lengths)
+    assert len(lengths) == math.ceil(n / k)
+
+
+def test_best_uniform_beats_every_uniform_plan():
+  rng = random.Random(6)
+  for _ in range(200):
+    n = rng.randint(1, 40)
+    chain = random_chain(rng, n, refine=rng.random() < 0.5)
+    plan = solve(chain, "best-uniform")
+    uniform = [tuple(range(k, n, k)) for k in range(1, n + 1)]
+    assert plan.checkpoints in uniform
+    best = literal_peak_of(chain, plan.checkpoints)
+    assert all(best <= literal_peak_of(chain, cps) for cps in uniform)
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["Optimal", "", "dp-unknown", None, 3])
+def test_unknown_method(method):
+  chain = Chain([1, 1, 1], [1, 1])
+  with pytest.raises(UnknownMethodError, match=r"unknown method") as info:
+    solve(chain, method)
+  for name in METHODS:
+    assert repr(name) in str(info.value)
+
+
+def test_brute_refuses_long_chains():
+  chain = Chain([1] * 22, [1] * 21)
+  with pytest.raises(ChainTooLongError, match=r"at most 20 layers; this chain has 21"):
+    solve(chain, "brute")
+
+
+@pytest.mark.parametrize("not_a_chain", [
+    None, {"act_bytes": [1, 1], "res_bytes": [1]}, ([1, 1], [1]), Plan(())])
+def test_solve_rejects_non_chain(not_a_chain):
+  with pytest.raises(TypeError, match=r"solve expects a jaxremat\.Chain"):
+    solve(not_a_chain, "optimal")
+
+
+def test_default_method_is_optimal():
+  chain = Chain([1, 2, 2, 2, 1], [3, 3, 3, 3])
+  assert solve(chain) == solve(chain, "optimal")
