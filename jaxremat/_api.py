@@ -13,7 +13,7 @@ import numpy as np
 from jaxremat import _compat
 from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops, validate_plan
 from jaxremat._emit import emit
-from jaxremat._errors import InputMismatchError
+from jaxremat._errors import InputMismatchError, JaxrematError
 from jaxremat._profile import profile
 from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
 from jaxremat.solvers import solve
@@ -173,6 +173,15 @@ def _key(params: Any, batch: Any, kwargs: dict[str, Any]) -> Any:
   return avals(params), avals(batch), avals(arrays), kw_tree, static
 
 
+def _check_same(what: str, want: Any, got: Any) -> None:
+  if want[0] != got[0]:
+    raise InputMismatchError(f"{what} has structure {got[0]}, but the plan was made for {want[0]}.")
+  diffs = [f"leaf {k}: {g} (expected {w})" for k, (w, g) in enumerate(zip(want[1], got[1])) if w != g]
+  if diffs:
+    raise InputMismatchError(
+        f"{what} do not match the ones the plan was made for: " + "; ".join(diffs[:5]))
+
+
 class _DropIn:
   """``fn(params, batch, **kwargs)``: the model run segment by segment under the plan.
 
@@ -185,12 +194,24 @@ class _DropIn:
     self._plan = plan
     self._layer_depth = layer_depth
     self._names = tuple(layer.name for layer in traced.layers)
+    self._params_key, self._batch_key = key[0], key[1]
     self._cache = {key: (traced, emit(traced, plan))}
 
   def __call__(self, params: Any, batch: Any, **kwargs: Any) -> Any:
     key = _key(params, batch, kwargs)
     if key not in self._cache:
-      traced = trace(self._model_fn, params, batch, kwargs, self._layer_depth)
+      _check_same("params", self._params_key, key[0])
+      if key[1][0] != self._batch_key[0]:
+        raise InputMismatchError(
+            f"batch has structure {key[1][0]}, but the plan was made for {self._batch_key[0]}.")
+      try:
+        traced = trace(self._model_fn, params, batch, kwargs, self._layer_depth)
+      except JaxrematError:
+        raise
+      except Exception as err:
+        raise InputMismatchError(
+            f"the model fails on a batch of shapes {[s for s, _ in key[1][1]]} (the plan was "
+            f"made for {[s for s, _ in self._batch_key[1]]}): {type(err).__name__}: {err}") from err
       names = tuple(layer.name for layer in traced.layers)
       if names != self._names:
         raise InputMismatchError(

@@ -1,0 +1,199 @@
+"""Times ``jaxremat.solve(chain, method)`` on random chains from 10^2 to 10^6 layers.
+
+Usage:
+  python bench/solvers.py            # full run, writes bench/results/solvers-<date>.json
+  python bench/solvers.py --quick    # small grid, prints the table, writes nothing
+  python bench/solvers.py --out f.json --repeat 5
+
+Each (method, n) is timed as the best of ``--repeat`` runs of ``solve`` alone (the chain
+is built beforehand). Exhaustive and quadratic methods run only up to their size limits.
+The JSON records the device, date, versions and command line next to the timings; a
+markdown table of times and of each plan's peak relative to ``optimal`` goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmark this checkout, not an installed copy
+
+import jaxremat  # noqa: E402
+from jaxremat import Chain, peak_bytes  # noqa: E402
+from jaxremat.solvers import SOLVERS, solve  # noqa: E402
+
+FULL_SIZES = (4, 8, 12, 16, 20, 100, 300, 1000, 3000, 10**4, 3 * 10**4, 10**5, 3 * 10**5, 10**6)
+QUICK_SIZES = (4, 8, 12, 100, 1000, 10**4)
+# Largest n each method is timed at (None: no limit).
+FULL_LIMITS = {"brute": 20, "quadratic": 3000, "best-uniform": 3000}
+QUICK_LIMITS = {"brute": 12, "quadratic": 1000, "best-uniform": 1000}
+METHOD_ORDER = ("optimal", "quadratic", "brute", "best-uniform", "sqrt", "every-layer", "none")
+MAX_BYTES = 1 << 24
+
+
+def random_chain(n: int, seed: int) -> Chain:
+  """Activation and residual bytes drawn uniformly from [1, 2^24); cot_bytes = act_bytes."""
+  rng = np.random.default_rng(seed)
+  act = rng.integers(1, MAX_BYTES, size=n + 1).tolist()
+  res = rng.integers(1, MAX_BYTES, size=n).tolist()
+  return Chain(act, res)
+
+
+def best_time(chain: Chain, method: str, repeat: int):
+  """The plan and the best wall time (seconds) of ``repeat`` runs, with every run."""
+  runs = []
+  plan = None
+  for _ in range(repeat):
+    start = time.perf_counter()
+    plan = solve(chain, method)
+    runs.append(time.perf_counter() - start)
+  return plan, min(runs), runs
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor()
+
+
+def git_revision() -> dict:
+  def git(*args):
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+  try:
+    return {"commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+  except (OSError, subprocess.CalledProcessError):
+    return {"commit": None, "dirty": None}
+
+
+def version(dist: str) -> str | None:
+  try:
+    return importlib.metadata.version(dist)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def environment() -> dict:
+  return {
+      "device": {
+          "platform": platform.platform(),
+          "machine": platform.machine(),
+          "cpu_model": cpu_model(),
+          "cpu_count": os.cpu_count(),
+          "python": platform.python_version(),
+          "python_implementation": platform.python_implementation(),
+      },
+      "versions": {
+          "jaxremat": jaxremat.__version__,
+          "numpy": np.__version__,
+          "jax": version("jax"),
+          "python": sys.version,
+          "git": git_revision(),
+      },
+  }
+
+
+def fmt_time(seconds: float | None) -> str:
+  if seconds is None:
+    return "—"
+  if seconds < 1e-3:
+    return f"{seconds * 1e6:.1f} µs"
+  if seconds < 1:
+    return f"{seconds * 1e3:.2f} ms"
+  return f"{seconds:.2f} s"
+
+
+def markdown(results: list[dict], sizes, methods) -> str:
+  cell = {(r["method"], r["n"]): r for r in results}
+  head = "| n | " + " | ".join(methods) + " |"
+  rule = "|---:|" + "---:|" * len(methods)
+  lines = ["Best-of-runs wall time of `solve(chain, method)`:", "", head, rule]
+  for n in sizes:
+    row = [fmt_time(cell[(m, n)]["best_s"]) if (m, n) in cell else "—" for m in methods]
+    lines.append(f"| {n:,} | " + " | ".join(row) + " |")
+  lines += ["", "Peak bytes (model R) relative to `optimal`:", "", head, rule]
+  for n in sizes:
+    row = [f"{cell[(m, n)]['peak_vs_optimal']:.3f}" if (m, n) in cell else "—" for m in methods]
+    lines.append(f"| {n:,} | " + " | ".join(row) + " |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true",
+                      help="small grid (n <= 10^4); writes JSON only with --out")
+  parser.add_argument("--repeat", type=int, default=3, help="runs per (method, n); best kept")
+  parser.add_argument("--seed", type=int, default=0, help="seed of the random chains")
+  parser.add_argument("--out", type=pathlib.Path, default=None,
+                      help="JSON path (default: bench/results/solvers-<date>.json)")
+  args = parser.parse_args(argv)
+
+  sizes = QUICK_SIZES if args.quick else FULL_SIZES
+  limits = QUICK_LIMITS if args.quick else FULL_LIMITS
+  methods = [m for m in METHOD_ORDER if m in SOLVERS] + sorted(set(SOLVERS) - set(METHOD_ORDER))
+  now = datetime.datetime.now(datetime.timezone.utc)
+
+  results = []
+  for n in sizes:
+    chain = random_chain(n, args.seed + n)
+    optimal_peak = None
+    for method in methods:
+      limit = limits.get(method)
+      if limit is not None and n > limit:
+        continue
+      plan, best, runs = best_time(chain, method, args.repeat)
+      peak = peak_bytes(chain, plan)
+      if method == "optimal":
+        optimal_peak = peak
+      results.append({
+          "method": method, "n": n, "best_s": best, "runs_s": runs,
+          "num_checkpoints": len(plan.checkpoints), "peak_bytes": peak,
+          "peak_vs_optimal": peak / optimal_peak if optimal_peak else None,
+      })
+      print(f"  n={n:>9,} {method:<13} {fmt_time(best):>10}", file=sys.stderr, flush=True)
+
+  table = markdown(results, sizes, methods)
+  print(table)
+  record = {
+      "benchmark": "solvers",
+      "date": now.isoformat(timespec="seconds"),
+      "command": [sys.executable, *sys.argv] if argv is None else ["bench/solvers.py", *argv],
+      **environment(),
+      "config": {
+          "quick": args.quick, "repeat": args.repeat, "seed": args.seed, "sizes": list(sizes),
+          "limits": limits, "timer": "time.perf_counter, best of repeat",
+          "chain": "act_bytes, res_bytes uniform integers in [1, 2^24), seed = seed + n; "
+                   "cot_bytes = act_bytes, no refinements",
+      },
+      "results": results,
+      "table_markdown": table,
+  }
+  out = args.out
+  if out is None and not args.quick:
+    out = ROOT / "bench" / "results" / f"solvers-{now.date().isoformat()}.json"
+  if out is not None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nwrote {out}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,109 @@
+"""The ``jaxremat`` command line: ``jaxremat demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxremat
+from jaxremat import zoo
+
+DEMO_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
+
+
+def _loss_of(fn):
+  def loss(params, x):
+    return jnp.mean(jnp.square(fn(params, x).astype(jnp.float32)))
+  return loss
+
+
+def _max_rel_error(want: Any, got: Any) -> float:
+  worst = 0.0
+  for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    worst = max(worst, float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30)))
+  return worst
+
+
+def run_demo(model_name: str, width: float, batch: int, image_size: int) -> dict[str, Any]:
+  """Profiles, solves, emits and measures a VGG chain; returns the rows of the table."""
+  model = zoo.vgg(model_name, width=width)
+  x = jax.random.normal(jax.random.key(1), (batch, image_size, image_size, 3))
+  params = model.init(jax.random.key(0), x)
+  start = time.perf_counter()
+  r = jaxremat.apply(model.apply, params, x)
+  profile_seconds = time.perf_counter() - start
+  want = jax.jit(jax.grad(_loss_of(model.apply)))(params, x)
+  rows = []
+  for method in DEMO_METHODS:
+    plan = jaxremat.solve(r.chain, method)
+    rm = jaxremat.apply(model.apply, params, x, plan=plan)
+    footprint = jaxremat.measure(_loss_of(rm.fn), params, x)
+    got = jax.jit(jax.grad(_loss_of(rm.fn)))(params, x)
+    rows.append({
+        "method": method,
+        "checkpoints": list(plan.checkpoints),
+        "predicted_bytes": rm.predicted_total_bytes,
+        "measured_bytes": footprint.total_bytes,
+        "temp_bytes": footprint.temp_bytes,
+        "xla_flops": footprint.flops,
+        "grad_max_rel_error": _max_rel_error(want, got),
+    })
+  return {
+      "model": f"{model_name} width={width} batch={batch} input={image_size}x{image_size}x3",
+      "layers": r.chain.n,
+      "backend": jax.default_backend(),
+      "jax": jax.__version__,
+      "profile_seconds": profile_seconds,
+      "solve_seconds": r.solve_seconds,
+      "report": r.report(),
+      "rows": rows,
+  }
+
+
+def format_demo(result: dict[str, Any]) -> str:
+  base = next(row for row in result["rows"] if row["method"] == "none")
+  lines = [
+      f"jaxremat demo: {result['model']}, {result['layers']} layers, backend {result['backend']}, jax {result['jax']}",
+      "",
+      result["report"],
+      "",
+      "XLA-measured footprint of the gradient step (argument + output + temp - alias):",
+      f"{'strategy':<14}{'predicted MiB':>14}{'measured MiB':>14}{'error':>8}{'vs none':>9}{'XLA GFLOP':>11}{'grad err':>10}",
+  ]
+  for row in result["rows"]:
+    pred, meas = row["predicted_bytes"], row["measured_bytes"]
+    lines.append(
+        f"{row['method']:<14}{pred / 2**20:>14.2f}{meas / 2**20:>14.2f}{100 * (pred - meas) / meas:>+7.1f}%"
+        f"{100 * meas / base['measured_bytes']:>8.1f}%{row['xla_flops'] / 1e9:>11.3f}{row['grad_max_rel_error']:>10.1e}")
+  lines.append("")
+  lines.append(f"profile {result['profile_seconds']:.2f} s, optimal solve {1e3 * result['solve_seconds']:.3f} ms")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="jaxremat", description=jaxremat.__doc__)
+  sub = parser.add_subparsers(dest="command", required=True)
+  demo = sub.add_parser("demo", help="profile, solve, emit and measure a built-in VGG")
+  demo.add_argument("--model", default="vgg11", choices=sorted(zoo.VGG_CONFIGS))
+  demo.add_argument("--width", type=float, default=0.25, help="channel multiplier")
+  demo.add_argument("--batch", type=int, default=32)
+  demo.add_argument("--image-size", type=int, default=32)
+  demo.add_argument("--json", action="store_true", help="print the result as JSON")
+  args = parser.parse_args(argv)
+  if args.command == "demo":
+    result = run_demo(args.model, args.width, args.batch, args.image_size)
+    print(json.dumps(result, indent=2) if args.json else format_demo(result))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
