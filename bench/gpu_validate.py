@@ -1,0 +1,210 @@
+"""GPU validation: predicted vs XLA-compiled vs allocator-peak memory, per strategy.
+
+Runs from the source tree with no installs (jax with CUDA, flax, optax and chex must be
+present; no network needed):
+
+    PYTHONPATH=. python bench/gpu_validate.py OUTDIR [--quick] [--budget-seconds 540]
+
+Every (model, strategy) runs in a fresh process with XLA_PYTHON_CLIENT_PREALLOCATE=false,
+so ``peak_bytes_in_use`` is that configuration's alone. jaxremat's plans are compiled
+with XLA's own rematerialisation disabled; XLA's auto-remat is run on the plain model
+with its memory limit set to jaxremat's optimal footprint (and around it).
+Writes OUTDIR/gpu_validation.json and OUTDIR/gpu_validation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STRATEGIES = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
+XLA_REMAT_FRACTIONS = (1.0, 0.8)  # XLA limit as a multiple of jaxremat's optimal footprint
+
+
+def models(quick: bool) -> dict:
+  """name -> (builder source, input shape, input dtype, apply kwargs)."""
+  if quick:
+    return {
+        "vgg11-w0.25-b8": ("zoo.vgg('vgg11', width=0.25)", (8, 32, 32, 3), "float32", {}),
+        "mlp-uneven": ("zoo.mlp([256, 1024, 128, 2048, 64, 10])", (64, 128), "float32", {}),
+    }
+  return {
+      "vgg16-b128-32px": ("zoo.vgg('vgg16')", (128, 32, 32, 3), "float32", {}),
+      "resnet18-b256-32px": ("zoo.resnet((2, 2, 2, 2))", (256, 32, 32, 3), "float32",
+                             {"mutable": ["batch_stats"]}),
+      "mlp-uneven-b4096": ("zoo.mlp([4096, 16384, 2048, 16384, 1024, 8192, 1000])", (4096, 1024), "float32", {}),
+      "vgg16-bf16-b128": ("zoo.vgg('vgg16', dtype=jnp.bfloat16)", (128, 32, 32, 3), "bfloat16", {}),
+      "vgg11-b32-224px": ("zoo.vgg('vgg11', num_classes=1000, hidden=4096)", (32, 224, 224, 3), "float32", {}),
+  }
+
+
+def worker(spec: dict) -> dict:
+  """One configuration in this process: compile, run, read the allocator's peak."""
+  sys.path.insert(0, ROOT)
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import jaxremat
+  from jaxremat import zoo  # noqa: F401  (used by eval of the builder)
+
+  builder, shape, dtype, kwargs = spec["builder"], spec["shape"], spec["dtype"], spec["kwargs"]
+  model = eval(builder)  # builders are the literals in models() above
+  x = jax.random.normal(jax.random.key(1), shape).astype(dtype)
+  params = model.init(jax.random.key(0), x)
+  if "batch_stats" in params and "mutable" not in kwargs:
+    kwargs = {"mutable": ["batch_stats"]}
+
+  def loss_of(fn):
+    def loss(p, x):
+      out = fn(p, x, **kwargs)
+      out = out[0] if isinstance(out, tuple) else out
+      return jnp.mean(jnp.square(out.astype(jnp.float32)))
+    return loss
+
+  out: dict = {"device": str(jax.devices()[0].device_kind), "backend": jax.default_backend()}
+  r = jaxremat.apply(model.apply, params, x, **kwargs)
+  out["layers"] = r.chain.n
+  kind = spec["strategy"]
+  options: dict = {}
+  if kind.startswith("xla-remat"):
+    fn = model.apply
+    plan_bytes = spec["target_bytes"]
+    mem = (jax.devices()[0].memory_stats() or {}).get("bytes_limit", 0) or 80 * 2**30
+    io_bytes = sum(int(np.size(a)) * a.dtype.itemsize for a in jax.tree_util.tree_leaves((params, x)))
+    io_bytes *= 2  # arguments and gradient outputs
+    slop = int(max(1, min(100, round(100 * plan_bytes / (0.8 * mem - io_bytes)))))
+    options = {"xla_gpu_memory_limit_slop_factor": str(slop)}
+    out["slop_factor"] = slop
+    out["target_bytes"] = plan_bytes
+    predicted = None
+  else:
+    plan = jaxremat.solve(r.chain, kind)
+    fn = jaxremat.apply(model.apply, params, x, plan=plan, **kwargs).fn
+    predicted = r.predict_total_bytes(plan)
+    out["checkpoints"] = list(plan.checkpoints)
+    if jax.default_backend() == "gpu":
+      options = {"xla_disable_hlo_passes": "rematerialization"}
+  grad = jax.grad(loss_of(fn))
+  footprint = jaxremat.compile_footprint(grad, params, x, compiler_options=options)
+  compiled = jax.jit(grad).lower(params, x).compile(compiler_options=dict(footprint.compiler_options) or None)
+  jax.block_until_ready(compiled(params, x))
+  times = []
+  for _ in range(5):
+    start = time.perf_counter()
+    g = jax.block_until_ready(compiled(params, x))
+    times.append(time.perf_counter() - start)
+  stats = jax.devices()[0].memory_stats() or {}
+  out.update({
+      "predicted_bytes": predicted,
+      "compiled_bytes": footprint.total_bytes,
+      "compiled_parts": [footprint.argument_bytes, footprint.output_bytes, footprint.temp_bytes,
+                         footprint.alias_bytes],
+      "xla_flops": footprint.flops,
+      "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+      "step_seconds_median": float(np.median(times)),
+      "compiler_options": dict(footprint.compiler_options),
+  })
+  # Only after the peak is read: the plain gradients, for the equality check.
+  want = jax.jit(jax.grad(loss_of(model.apply)))(params, x)
+  worst = 0.0
+  for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(g)):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    worst = max(worst, float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30)))
+  out["grad_max_rel_error"] = worst
+  return out
+
+
+def run_one(spec: dict, timeout: float) -> dict:
+  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=ROOT)
+  try:
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
+        capture_output=True, text=True, timeout=timeout, env=env)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {timeout:.0f} s"}
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+  if proc.returncode != 0 or not lines:
+    return {"error": (proc.stderr or proc.stdout)[-2000:]}
+  return json.loads(lines[-1][len("RESULT "):])
+
+
+def versions() -> dict:
+  import flax
+  import jax
+  import jaxlib
+  return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+          "python": platform.python_version()}
+
+
+def to_markdown(results: list) -> str:
+  lines = ["| model | strategy | predicted MiB | XLA compiled MiB | allocator peak MiB | pred. err vs compiled | step ms | grad rel err |",
+           "|---|---|---|---|---|---|---|---|"]
+  mib = lambda v: f"{v / 2**20:.1f}" if isinstance(v, (int, float)) else "-"
+  for row in results:
+    if "error" in row:
+      lines.append(f"| {row['model']} | {row['strategy']} | error: {row['error'].splitlines()[-1][:80] if row['error'] else ''} |||||| ")
+      continue
+    pred, comp = row.get("predicted_bytes"), row.get("compiled_bytes")
+    err = f"{100 * (pred - comp) / comp:+.1f}%" if pred else "-"
+    lines.append(f"| {row['model']} | {row['strategy']} | {mib(pred)} | {mib(comp)} | {mib(row.get('peak_bytes_in_use'))} | {err} | {1e3 * row['step_seconds_median']:.2f} | {row['grad_max_rel_error']:.1e} |")
+  return "\n".join(lines)
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("outdir", nargs="?")
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--budget-seconds", type=float, default=540.0)
+  parser.add_argument("--worker")
+  args = parser.parse_args()
+  if args.worker:
+    print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
+    return 0
+  if not args.outdir:
+    parser.error("OUTDIR is required")
+  os.makedirs(args.outdir, exist_ok=True)
+  start = time.time()
+  results = []
+  meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "command": " ".join(sys.argv),
+          "versions": versions(), "host": platform.node()}
+  import jax
+  on_gpu = jax.default_backend() == "gpu"
+  for name, (builder, shape, dtype, kwargs) in models(args.quick).items():
+    optimal_bytes = None
+    for strategy in (*STRATEGIES, *(f"xla-remat-{f}" for f in XLA_REMAT_FRACTIONS)):
+      left = args.budget_seconds - (time.time() - start)
+      if left < 20:
+        results.append({"model": name, "strategy": strategy, "error": "skipped: time budget spent"})
+        continue
+      if strategy.startswith("xla-remat") and (not optimal_bytes or not on_gpu):
+        continue  # XLA's rematerialisation pass exists only on GPU
+      spec = {"builder": builder, "shape": shape, "dtype": dtype, "kwargs": kwargs, "strategy": strategy}
+      if strategy.startswith("xla-remat"):
+        spec["target_bytes"] = int(optimal_bytes * float(strategy.rsplit("-", 1)[1]))
+      row = {"model": name, "strategy": strategy, **run_one(spec, timeout=min(left, 240))}
+      if strategy == "optimal" and "compiled_bytes" in row:
+        optimal_bytes = row["compiled_bytes"]
+      results.append(row)
+      print(json.dumps(row)[:400], flush=True)
+      with open(os.path.join(args.outdir, "gpu_validation.json"), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+  meta["device"] = next((r.get("device") for r in results if "device" in r), None)
+  meta["seconds"] = time.time() - start
+  with open(os.path.join(args.outdir, "gpu_validation.json"), "w") as f:
+    json.dump({"meta": meta, "results": results}, f, indent=1)
+  with open(os.path.join(args.outdir, "gpu_validation.md"), "w") as f:
+    f.write(f"# GPU validation\n\n{json.dumps(meta)}\n\n{to_markdown(results)}\n")
+  print(to_markdown(results))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
