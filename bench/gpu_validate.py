@@ -170,6 +170,7 @@ def main() -> int:
     return 0
   if not args.outdir:
     parser.error("OUTDIR is required")
+  os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process must not hold the GPU
   os.makedirs(args.outdir, exist_ok=True)
   start = time.time()
   results = []
