@@ -14,7 +14,9 @@ from jaxremat import _compat
 from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops, validate_plan
 from jaxremat._emit import emit
 from jaxremat._errors import InputMismatchError, JaxrematError
-from jaxremat._profile import profile
+from jaxremat._estimate import estimate_temp_bytes
+from jaxremat._profile import Buffers, profile
+from jaxremat._refine import refine as refine_plan
 from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
 from jaxremat.solvers import solve
 
@@ -40,6 +42,7 @@ class Remat:
   solve_seconds: float
   fixed_bytes: int
   traced: TracedChain = dataclasses.field(repr=False)
+  buffers: Buffers = dataclasses.field(repr=False)
 
   @property
   def predicted_peak_bytes(self) -> int:
@@ -55,10 +58,10 @@ class Remat:
     """Predicted XLA footprint of the gradient step under any ``plan`` (bytes).
 
     Arguments (params, batch, array kwargs) and the parameter gradients are held for the
-    whole step; on top of them the activations peak as model R says, less ``a_0`` (the
-    batch, already an argument).
+    whole step; on top of them the temp bytes peak as model R's live buffers less those
+    XLA can place in gradient buffers not yet written (``_estimate``).
     """
-    return self.fixed_bytes + peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
+    return self.fixed_bytes + estimate_temp_bytes(self.chain, self.buffers, plan)
 
   def report(self) -> str:
     """A per-layer table and the predicted peak of each strategy."""
@@ -100,6 +103,8 @@ def apply(
     method: str = "optimal",
     plan: Plan | None = None,
     layer_depth: int | None = None,
+    refine: bool = True,
+    calibrate: bool = False,
     **model_kwargs: Any,
 ) -> Remat:
   """Chooses checkpoints for ``model_fn`` and returns a rematerialised drop-in.
@@ -113,6 +118,12 @@ def apply(
     plan: use these checkpoints instead of solving.
     layer_depth: name-stack depth that defines a layer (default: the root module's
       children).
+    refine: for ``method="optimal"``, improve the model-R optimum by local search on
+      the XLA-aware estimate (``predict_total_bytes``), which knows that XLA can place
+      activations in gradient buffers not yet written.
+    calibrate: compile each layer's backward alone and add what XLA's temp needs beyond
+      its residuals as workspace (one small compile per layer; helps where XLA expands
+      an operation, e.g. max-pool gradients on CPU, and overestimates elsewhere).
     **model_kwargs: passed to ``model_fn`` on every call (``rngs=``, ``mutable=``,
       ``train=``); array leaves are traced, the rest is static.
 
@@ -128,17 +139,21 @@ def apply(
   _check_arrays("params", params)
   _check_arrays("batch", batch)
   traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
-  chain = profile(traced)
+  prof = profile(traced, calibrate=calibrate)
+  chain = prof.chain
   start = time.perf_counter()
   if plan is None:
     plan = solve(chain, method)
+    if refine and method == "optimal":
+      plan = refine_plan(chain, prof.buffers, plan)
   else:
     validate_plan(plan, chain.n)
   seconds = time.perf_counter() - start
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
   fn = _DropIn(model_fn, plan, layer_depth, traced, _key(params, batch, model_kwargs))
-  return Remat(fn=fn, plan=plan, chain=chain, solve_seconds=seconds, fixed_bytes=fixed, traced=traced)
+  return Remat(fn=fn, plan=plan, chain=chain, solve_seconds=seconds, fixed_bytes=fixed, traced=traced,
+               buffers=prof.buffers)
 
 
 def _check_arrays(what: str, tree: Any) -> None:

@@ -10,6 +10,7 @@ import jax
 
 from jaxremat import _compat
 from jaxremat._chain import Chain
+from jaxremat._measure import default_compiler_options
 from jaxremat._trace import Layer, TracedChain
 
 
@@ -21,10 +22,39 @@ class LayerResiduals:
   own_input: int  # the part that is the layer's input x_{i-1}
   own_input_vars: frozenset  # which of the layer's inputs x_{i-1} it saves
   own_output_vars: frozenset  # which of the layer's outputs x_i it saves
+  computed: tuple[int, ...]  # bytes of each saved value the layer computes
 
 
-def profile(traced: TracedChain) -> Chain:
-  """Measures the chain of ``traced`` (bytes are dtype-aware; FLOPs from XLA's cost model)."""
+@dataclasses.dataclass(frozen=True)
+class Buffers:
+  """Per layer, the separate buffers behind the chain's byte counts (for ``_estimate``).
+
+  Attributes:
+    residuals: bytes of each residual the layer computes and saves.
+    inputs: bytes of each saved input that no earlier layer already saves.
+    param_grads: bytes of each parameter gradient the layer's backward writes (a
+      parameter read by several layers counts for the first).
+  """
+
+  residuals: tuple[tuple[int, ...], ...]
+  inputs: tuple[tuple[int, ...], ...]
+  param_grads: tuple[tuple[int, ...], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  chain: Chain
+  buffers: Buffers
+
+
+def profile(traced: TracedChain, calibrate: bool = False) -> Profile:
+  """Measures the chain of ``traced`` (bytes are dtype-aware; FLOPs from XLA's cost model).
+
+  With ``calibrate``, each layer's forward and backward is also compiled alone; what
+  XLA's temp needs beyond the layer's residuals becomes its workspace ``w_i``. (A temp
+  below the residuals does not lower ``b_i``: alone, a layer can recompute cheap
+  residuals from its input, which in the whole program is not held.)
+  """
   layers = traced.layers
   n = len(layers)
   param_vars = set(traced.param_vars)
@@ -44,6 +74,7 @@ def profile(traced: TracedChain) -> Chain:
     residuals.append(_residuals(layer, inputs, grad_invariants, differentiate_inputs=i > 0))
   res = [r.total for r in residuals]
   own = [r.own_input for r in residuals]
+  saved_inputs = [set(r.own_input_vars) for r in residuals]
   # A value saved both by layer i (its output) and by layer i+1 (its input) is one
   # buffer: count it once, as layer i's.
   for i in range(n - 1):
@@ -51,15 +82,34 @@ def profile(traced: TracedChain) -> Chain:
     overlap = _bytes(shared)
     res[i + 1] -= overlap
     own[i + 1] -= overlap
+    saved_inputs[i + 1] -= shared
+  seen_params: set = set()
+  param_grads = []
+  for layer in layers:
+    mine = [v for v in layer.invariants if v in param_vars and v not in seen_params and _compat.is_float(v.aval)]
+    seen_params.update(mine)
+    param_grads.append(tuple(_compat.aval_bytes(v.aval) for v in mine))
+  buffers = Buffers(
+      residuals=tuple(r.computed for r in residuals),
+      inputs=tuple(tuple(_compat.aval_bytes(v.aval) for v in s) for s in saved_inputs),
+      param_grads=tuple(param_grads))
+  work = [0] * n
+  if calibrate:
+    for i, layer in enumerate(layers):
+      inputs = first_inputs if i == 0 else layer.inputs
+      temp = _backward_temp_bytes(layer, inputs, grad_invariants, differentiate_inputs=i > 0)
+      work[i] = max(0, temp - (res[i] - own[i]))
   flops = [_flops(layer, first_inputs if i == 0 else layer.inputs) for i, layer in enumerate(layers)]
-  return Chain(
+  chain = Chain(
       act_bytes=act,
       res_bytes=res,
       cot_bytes=cot,
       input_res_bytes=own,
+      workspace_bytes=work,
       flops=flops,
       names=[layer.name for layer in layers],
   )
+  return Profile(chain, buffers)
 
 
 def _bytes(variables) -> int:
@@ -76,7 +126,8 @@ def _spec(v) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
 
 
-def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> LayerResiduals:
+def _differentiable(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
+  """The layer as a function, its inputs, outputs, and which inputs get cotangents."""
   fn, in_vars, out_vars = _layer_fn(layer, inputs)
   input_set = set(inputs)
   diff = [
@@ -84,12 +135,21 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
       for v in in_vars
   ]
 
-  def outputs_and_residuals(*args):
+  def vjp(*args):
     def f(*d):
       it = iter(d)
       return fn(*[next(it) if m else a for a, m in zip(args, diff)])
 
-    outs, vjp_fn = jax.vjp(f, *[a for a, m in zip(args, diff) if m])
+    return jax.vjp(f, *[a for a, m in zip(args, diff) if m])
+
+  return vjp, in_vars, out_vars
+
+
+def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> LayerResiduals:
+  vjp, in_vars, out_vars = _differentiable(layer, inputs, grad_invariants, differentiate_inputs)
+
+  def outputs_and_residuals(*args):
+    outs, vjp_fn = vjp(*args)
     return outs, jax.tree_util.tree_leaves(vjp_fn)
 
   closed = jax.make_jaxpr(outputs_and_residuals)(*map(_spec, in_vars))
@@ -98,12 +158,15 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
   out_atoms, res_atoms = jaxpr.outvars[:n_out], jaxpr.outvars[n_out:]
   position = {v: k for k, v in enumerate(jaxpr.invars)}
   constvars = set(jaxpr.constvars)
+  varying = _input_dependent(jaxpr)
+  input_set = set(inputs)
   total = own_input = 0
   own_inputs, own_outputs = set(), set()
+  computed = []
   seen = set()
   for atom in res_atoms:
-    if isinstance(atom, _compat.Literal) or atom in seen or atom in constvars:
-      continue
+    if isinstance(atom, _compat.Literal) or atom in seen or atom in constvars or atom not in varying:
+      continue  # constants (e.g. the zeros relu's VJP selects from) fuse away in XLA
     seen.add(atom)
     if atom in position:
       src = in_vars[position[atom]]
@@ -114,10 +177,42 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
         own_inputs.add(src)
       continue  # parameters and other model inputs are held anyway
     total += _compat.aval_bytes(atom.aval)
+    computed.append(_compat.aval_bytes(atom.aval))
     for k, out_atom in enumerate(out_atoms):
       if out_atom is atom:
         own_outputs.add(out_vars[k])
-  return LayerResiduals(total, own_input, frozenset(own_inputs), frozenset(own_outputs))
+  return LayerResiduals(total, own_input, frozenset(own_inputs), frozenset(own_outputs), tuple(computed))
+
+
+def _input_dependent(jaxpr) -> set:
+  """Vars of ``jaxpr`` whose values depend on its inputs (not only on literals)."""
+  varying = set(jaxpr.invars)
+  for eqn in jaxpr.eqns:
+    if any(not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars):
+      varying.update(eqn.outvars)
+  return varying
+
+
+def _backward_temp_bytes(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> int:
+  """XLA's temp bytes for the layer's forward and backward compiled alone.
+
+  The program takes the layer's inputs and its output cotangents and returns the
+  gradients, so its temp holds what the layer's backward needs beyond them: the
+  residuals as XLA keeps them (after fusion) and any transient workspace.
+  """
+  vjp, in_vars, out_vars = _differentiable(layer, inputs, grad_invariants, differentiate_inputs)
+
+  def step(args, cts):
+    _, vjp_fn = vjp(*args)
+    return vjp_fn(cts)
+
+  cts = [
+      jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype if _compat.is_float(v.aval) else jax.dtypes.float0)
+      for v in out_vars
+  ]
+  compiled = jax.jit(step).lower(list(map(_spec, in_vars)), cts).compile(
+      compiler_options=default_compiler_options() or None)
+  return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
 def _flops(layer: Layer, inputs) -> int:

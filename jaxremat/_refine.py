@@ -1,0 +1,45 @@
+"""Improve a plan against the XLA-aware estimate by local search (toggle one checkpoint)."""
+
+from __future__ import annotations
+
+from jaxremat._chain import Chain, Plan, recompute_flops
+from jaxremat._estimate import estimate_temp_bytes
+from jaxremat._profile import Buffers
+from jaxremat.solvers import uniform_plan
+
+MAX_LAYERS = 256  # the search is O(n^3) estimate steps; beyond this the plan is kept
+
+
+def refine(chain: Chain, buffers: Buffers, plan: Plan, max_rounds: int = 50) -> Plan:
+  """The plan of least estimated XLA temp bytes reachable from ``plan`` or a uniform plan.
+
+  Starts from ``plan`` and every uniform plan (checkpoint every ``k`` layers), keeps the
+  best by ``(estimate, recomputed FLOPs)``, then adds or removes one checkpoint at a time
+  while that lowers the key. ``plan`` is returned unchanged when nothing is better.
+  """
+  n = chain.n
+  if n > MAX_LAYERS or n < 2:
+    return plan
+
+  def key(p: Plan):
+    return estimate_temp_bytes(chain, buffers, p), recompute_flops(chain, p)
+
+  best, best_key = plan, key(plan)
+  for k in range(1, n + 1):
+    candidate = uniform_plan(n, k)
+    candidate_key = key(candidate)
+    if candidate_key < best_key:
+      best, best_key = candidate, candidate_key
+  for _ in range(max_rounds):
+    improved = False
+    current = set(best.checkpoints)
+    for c in range(1, n):
+      candidate = Plan(tuple(sorted(current ^ {c})))
+      candidate_key = key(candidate)
+      if candidate_key < best_key:
+        best, best_key, improved = candidate, candidate_key, True
+    if not improved:
+      break
+  if best is plan:
+    return plan
+  return Plan(best.checkpoints, method=f"{plan.method}+refined")
