@@ -24,8 +24,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STRATEGIES = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
-XLA_REMAT_FRACTIONS = (1.0, 0.8)  # XLA limit as a multiple of jaxremat's optimal footprint
+STRATEGIES = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "refined")
+XLA_REMAT_FRACTIONS = (1.0,)  # XLA limit as a multiple of jaxremat's optimal footprint
 
 
 def models(quick: bool) -> dict:
@@ -36,11 +36,11 @@ def models(quick: bool) -> dict:
         "mlp-uneven": ("zoo.mlp([256, 1024, 128, 2048, 64, 10])", (64, 128), "float32", {}),
     }
   return {
-      "vgg16-b128-32px": ("zoo.vgg('vgg16')", (128, 32, 32, 3), "float32", {}),
-      "resnet18-b256-32px": ("zoo.resnet((2, 2, 2, 2))", (256, 32, 32, 3), "float32",
-                             {"mutable": ["batch_stats"]}),
+      "resnet18-b1024-32px": ("zoo.resnet((2, 2, 2, 2))", (1024, 32, 32, 3), "float32",
+                              {"mutable": ["batch_stats"]}),
+      "vgg16-b512-32px": ("zoo.vgg('vgg16')", (512, 32, 32, 3), "float32", {}),
       "mlp-uneven-b4096": ("zoo.mlp([4096, 16384, 2048, 16384, 1024, 8192, 1000])", (4096, 1024), "float32", {}),
-      "vgg16-bf16-b128": ("zoo.vgg('vgg16', dtype=jnp.bfloat16)", (128, 32, 32, 3), "bfloat16", {}),
+      "vgg16-bf16-b512": ("zoo.vgg('vgg16', dtype=jnp.bfloat16)", (512, 32, 32, 3), "bfloat16", {}),
       "vgg11-b32-224px": ("zoo.vgg('vgg11', num_classes=1000, hidden=4096)", (32, 224, 224, 3), "float32", {}),
   }
 
@@ -54,6 +54,7 @@ def worker(spec: dict) -> dict:
 
   import jaxremat
   from jaxremat import zoo  # noqa: F401  (used by eval of the builder)
+  from jaxremat._measure import default_compiler_options
 
   builder, shape, dtype, kwargs = spec["builder"], spec["shape"], spec["dtype"], spec["kwargs"]
   model = eval(builder)  # builders are the literals in models() above
@@ -86,15 +87,25 @@ def worker(spec: dict) -> dict:
     out["target_bytes"] = plan_bytes
     predicted = None
   else:
-    plan = jaxremat.solve(r.chain, kind)
+    plan = r.plan if kind == "refined" else jaxremat.solve(r.chain, kind)
     fn = jaxremat.apply(model.apply, params, x, plan=plan, **kwargs).fn
     predicted = r.predict_total_bytes(plan)
     out["checkpoints"] = list(plan.checkpoints)
+    out["model_r_total_bytes"] = r.fixed_bytes + jaxremat.peak_bytes(r.chain, plan) - r.chain.act_bytes[0]
     if jax.default_backend() == "gpu":
       options = {"xla_disable_hlo_passes": "rematerialization"}
+    if kind == "none":  # calibrated predictions of every strategy, for offline comparison
+      rc = jaxremat.apply(model.apply, params, x, calibrate=True, **kwargs)
+      out["calibrated_predictions"] = {
+          k: rc.predict_total_bytes(rc.plan if k == "refined" else jaxremat.solve(rc.chain, k))
+          for k in STRATEGIES}
+  if jax.default_backend() == "cpu":
+    options.update(default_compiler_options("cpu"))  # keep remat real on CPU
   grad = jax.grad(loss_of(fn))
-  footprint = jaxremat.compile_footprint(grad, params, x, compiler_options=options)
-  compiled = jax.jit(grad).lower(params, x).compile(compiler_options=dict(footprint.compiler_options) or None)
+  compiled = jax.jit(grad).lower(params, x).compile(compiler_options=options or None)
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
   jax.block_until_ready(compiled(params, x))
   times = []
   for _ in range(5):
@@ -104,13 +115,15 @@ def worker(spec: dict) -> dict:
   stats = jax.devices()[0].memory_stats() or {}
   out.update({
       "predicted_bytes": predicted,
-      "compiled_bytes": footprint.total_bytes,
-      "compiled_parts": [footprint.argument_bytes, footprint.output_bytes, footprint.temp_bytes,
-                         footprint.alias_bytes],
-      "xla_flops": footprint.flops,
+      "compiled_bytes": mem.argument_size_in_bytes + mem.output_size_in_bytes
+                        + mem.temp_size_in_bytes - mem.alias_size_in_bytes,
+      "compiled_parts": [mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.temp_size_in_bytes,
+                         mem.alias_size_in_bytes],
+      "xla_flops": float(cost.get("flops", 0.0)),
       "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
       "step_seconds_median": float(np.median(times)),
-      "compiler_options": dict(footprint.compiler_options),
+      "compiler_options": options,
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
   })
   # Only after the peak is read: the plain gradients, for the equality check.
   want = jax.jit(jax.grad(loss_of(model.apply)))(params, x)
@@ -123,7 +136,10 @@ def worker(spec: dict) -> dict:
 
 
 def run_one(spec: dict, timeout: float) -> dict:
-  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=ROOT)
+  # Autotuning allocates scratch memory while compiling, which would set the allocator's
+  # peak for every strategy alike; it is off so that peak_bytes_in_use is the step's.
+  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=ROOT,
+             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_gpu_autotune_level=0").strip())
   try:
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
@@ -191,8 +207,8 @@ def main() -> int:
       if strategy.startswith("xla-remat"):
         spec["target_bytes"] = int(optimal_bytes * float(strategy.rsplit("-", 1)[1]))
       row = {"model": name, "strategy": strategy, **run_one(spec, timeout=min(left, 240))}
-      if strategy == "optimal" and "compiled_bytes" in row:
-        optimal_bytes = row["compiled_bytes"]
+      if strategy in ("optimal", "refined") and "compiled_bytes" in row:
+        optimal_bytes = min(optimal_bytes or row["compiled_bytes"], row["compiled_bytes"])
       results.append(row)
       print(json.dumps(row)[:400], flush=True)
       with open(os.path.join(args.outdir, "gpu_validation.json"), "w") as f:
