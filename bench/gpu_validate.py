@@ -135,6 +135,51 @@ def worker(spec: dict) -> dict:
   return out
 
 
+def compile_only(spec: dict) -> list:
+  """Every strategy of one model in this process: XLA's compiled footprint only, no run."""
+  sys.path.insert(0, ROOT)
+  import jax
+  import jax.numpy as jnp
+
+  import jaxremat
+  from jaxremat import zoo  # noqa: F401  (used by eval of the builder)
+
+  model = eval(spec["builder"])
+  x = jax.random.normal(jax.random.key(1), spec["shape"]).astype(spec["dtype"])
+  params = model.init(jax.random.key(0), x)
+  kwargs = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
+
+  def loss_of(fn):
+    def loss(p, x):
+      out = fn(p, x, **kwargs)
+      out = out[0] if isinstance(out, tuple) else out
+      return jnp.mean(jnp.square(out.astype(jnp.float32)))
+    return loss
+
+  def compiled_bytes(fn, options):
+    mem = jax.jit(jax.grad(loss_of(fn))).lower(params, x).compile(compiler_options=options).memory_analysis()
+    return mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
+
+  r = jaxremat.apply(model.apply, params, x, **kwargs)
+  no_xla_remat = {"xla_disable_hlo_passes": "rematerialization"} if jax.default_backend() == "gpu" else {"xla_disable_hlo_passes": "cse_barrier_expander"}
+  rows = []
+  for kind in STRATEGIES:
+    plan = r.plan if kind == "refined" else jaxremat.solve(r.chain, kind)
+    fn = jaxremat.apply(model.apply, params, x, plan=plan, **kwargs).fn
+    rows.append({"strategy": kind, "checkpoints": list(plan.checkpoints), "layers": r.chain.n,
+                 "predicted_bytes": r.predict_total_bytes(plan),
+                 "model_r_total_bytes": r.fixed_bytes + jaxremat.peak_bytes(r.chain, plan) - r.chain.act_bytes[0],
+                 "compiled_bytes": compiled_bytes(fn, no_xla_remat), "device": str(jax.devices()[0].device_kind)})
+  best = min(row["compiled_bytes"] for row in rows if row["strategy"] in ("optimal", "refined"))
+  if jax.default_backend() == "gpu":
+    mem = (jax.devices()[0].memory_stats() or {}).get("bytes_limit", 0) or 80 * 2**30
+    for slop in (1, 2, 3, 5, 8):
+      rows.append({"strategy": f"xla-remat-slop{slop}", "slop_factor": slop,
+                   "xla_limit_bytes_approx": int(0.8 * mem * slop / 100), "jaxremat_best_bytes": best,
+                   "compiled_bytes": compiled_bytes(model.apply, {"xla_gpu_memory_limit_slop_factor": str(slop)})})
+  return rows
+
+
 def run_one(spec: dict, timeout: float) -> dict:
   # Autotuning allocates scratch memory while compiling, which would set the allocator's
   # peak for every strategy alike; it is off so that peak_bytes_in_use is the step's.
@@ -165,6 +210,11 @@ def to_markdown(results: list) -> str:
            "|---|---|---|---|---|---|---|---|"]
   mib = lambda v: f"{v / 2**20:.1f}" if isinstance(v, (int, float)) else "-"
   for row in results:
+    if "step_seconds_median" not in row and "error" not in row:
+      pred, comp = row.get("predicted_bytes"), row.get("compiled_bytes")
+      err = f"{100 * (pred - comp) / comp:+.1f}%" if pred else "-"
+      lines.append(f"| {row['model']} | {row['strategy']} | {mib(pred)} | {mib(comp)} | - | {err} | - | - |")
+      continue
     if "error" in row:
       lines.append(f"| {row['model']} | {row['strategy']} | error: {row['error'].splitlines()[-1][:80] if row['error'] else ''} |||||| ")
       continue
@@ -180,9 +230,13 @@ def main() -> int:
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--budget-seconds", type=float, default=540.0)
   parser.add_argument("--worker")
+  parser.add_argument("--compile-only", action="store_true",
+                      help="XLA compiled footprints only: one process per model, nothing run")
   args = parser.parse_args()
   if args.worker:
-    print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
+    spec = json.loads(args.worker)
+    result = compile_only(spec) if spec.get("compile_only") else worker(spec)
+    print("RESULT " + json.dumps(result), flush=True)
     return 0
   if not args.outdir:
     parser.error("OUTDIR is required")
@@ -195,6 +249,16 @@ def main() -> int:
   import jax
   on_gpu = jax.default_backend() == "gpu"
   for name, (builder, shape, dtype, kwargs) in models(args.quick).items():
+    if args.compile_only:
+      left = args.budget_seconds - (time.time() - start)
+      if left < 20:
+        break
+      spec = {"builder": builder, "shape": shape, "dtype": dtype, "compile_only": True}
+      rows = run_one(spec, timeout=min(left, 300))
+      rows = rows if isinstance(rows, list) else [rows]
+      results += [{"model": name, **row} for row in rows]
+      print(json.dumps(results[-len(rows):])[:3000], flush=True)
+      continue
     optimal_bytes = None
     for strategy in (*STRATEGIES, *(f"xla-remat-{f}" for f in XLA_REMAT_FRACTIONS)):
       left = args.budget_seconds - (time.time() - start)

@@ -6,9 +6,11 @@ Usage:
   python bench/solvers.py --out f.json --repeat 5
 
 Each (method, n) is timed as the best of ``--repeat`` runs of ``solve`` alone (the chain
-is built beforehand). Exhaustive and quadratic methods run only up to their size limits.
-The JSON records the device, date, versions and command line next to the timings; a
-markdown table of times and of each plan's peak relative to ``optimal`` goes to stdout.
+is built beforehand). Exhaustive, quadratic and cubic methods run only up to their size
+limits. ``budget`` is given ``--budget-factor`` times the optimal peak. The JSON records
+the device, date, versions and command line next to the timings; markdown tables of
+times, of each plan's peak and of its recomputed FLOPs relative to ``optimal`` go to
+stdout. ``dp`` and ``brute-a`` minimise model A, so their model-R peaks are not optimal.
 """
 
 from __future__ import annotations
@@ -30,33 +32,38 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmark this checkout, not an installed copy
 
 import jaxremat  # noqa: E402
-from jaxremat import Chain, peak_bytes  # noqa: E402
-from jaxremat.solvers import SOLVERS, solve  # noqa: E402
+from jaxremat import Chain, peak_bytes, recompute_flops  # noqa: E402
+from jaxremat.solvers import BUDGET_SOLVERS, SOLVERS, solve  # noqa: E402
 
 FULL_SIZES = (4, 8, 12, 16, 20, 100, 300, 1000, 3000, 10**4, 3 * 10**4, 10**5, 3 * 10**5, 10**6)
 QUICK_SIZES = (4, 8, 12, 100, 1000, 10**4)
 # Largest n each method is timed at (None: no limit).
-FULL_LIMITS = {"brute": 20, "quadratic": 3000, "best-uniform": 3000}
-QUICK_LIMITS = {"brute": 12, "quadratic": 1000, "best-uniform": 1000}
-METHOD_ORDER = ("optimal", "quadratic", "brute", "best-uniform", "sqrt", "every-layer", "none")
+FULL_LIMITS = {"brute": 20, "brute-a": 20, "quadratic": 3000, "best-uniform": 3000,
+               "dp": 3 * 10**4, "budget": 10**5}
+QUICK_LIMITS = {"brute": 12, "brute-a": 12, "quadratic": 1000, "best-uniform": 1000,
+                "dp": 10**4, "budget": 10**4}
+METHOD_ORDER = ("optimal", "quadratic", "brute", "budget", "dp", "brute-a", "best-uniform",
+                "chen-greedy", "sqrt", "every-layer", "none")
 MAX_BYTES = 1 << 24
+MAX_FLOPS = 1 << 30
 
 
 def random_chain(n: int, seed: int) -> Chain:
-  """Activation and residual bytes drawn uniformly from [1, 2^24); cot_bytes = act_bytes."""
+  """Activation and residual bytes uniform in [1, 2^24), FLOPs in [1, 2^30); g = a."""
   rng = np.random.default_rng(seed)
   act = rng.integers(1, MAX_BYTES, size=n + 1).tolist()
   res = rng.integers(1, MAX_BYTES, size=n).tolist()
-  return Chain(act, res)
+  flops = rng.integers(1, MAX_FLOPS, size=n).tolist()  # drawn last: bytes as before
+  return Chain(act, res, flops=flops)
 
 
-def best_time(chain: Chain, method: str, repeat: int):
+def best_time(chain: Chain, method: str, repeat: int, **kwargs):
   """The plan and the best wall time (seconds) of ``repeat`` runs, with every run."""
   runs = []
   plan = None
   for _ in range(repeat):
     start = time.perf_counter()
-    plan = solve(chain, method)
+    plan = solve(chain, method, **kwargs)
     runs.append(time.perf_counter() - start)
   return plan, min(runs), runs
 
@@ -132,6 +139,12 @@ def markdown(results: list[dict], sizes, methods) -> str:
   for n in sizes:
     row = [f"{cell[(m, n)]['peak_vs_optimal']:.3f}" if (m, n) in cell else "—" for m in methods]
     lines.append(f"| {n:,} | " + " | ".join(row) + " |")
+  lines += ["", "Recomputed FLOPs relative to `optimal`:", "", head, rule]
+  for n in sizes:
+    row = [f"{cell[(m, n)]['recompute_vs_optimal']:.3f}"
+           if (m, n) in cell and cell[(m, n)]["recompute_vs_optimal"] is not None else "—"
+           for m in methods]
+    lines.append(f"| {n:,} | " + " | ".join(row) + " |")
   return "\n".join(lines)
 
 
@@ -141,31 +154,42 @@ def main(argv=None) -> int:
                       help="small grid (n <= 10^4); writes JSON only with --out")
   parser.add_argument("--repeat", type=int, default=3, help="runs per (method, n); best kept")
   parser.add_argument("--seed", type=int, default=0, help="seed of the random chains")
+  parser.add_argument("--budget-factor", type=float, default=1.1,
+                      help="budget methods get this times the optimal peak (bytes, rounded down)")
   parser.add_argument("--out", type=pathlib.Path, default=None,
                       help="JSON path (default: bench/results/solvers-<date>.json)")
   args = parser.parse_args(argv)
 
   sizes = QUICK_SIZES if args.quick else FULL_SIZES
   limits = QUICK_LIMITS if args.quick else FULL_LIMITS
-  methods = [m for m in METHOD_ORDER if m in SOLVERS] + sorted(set(SOLVERS) - set(METHOD_ORDER))
+  known = {*SOLVERS, *BUDGET_SOLVERS}
+  methods = [m for m in METHOD_ORDER if m in known] + sorted(known - set(METHOD_ORDER))
   now = datetime.datetime.now(datetime.timezone.utc)
 
   results = []
   for n in sizes:
     chain = random_chain(n, args.seed + n)
-    optimal_peak = None
+    optimal_peak = optimal_flops = None
     for method in methods:
       limit = limits.get(method)
       if limit is not None and n > limit:
         continue
-      plan, best, runs = best_time(chain, method, args.repeat)
+      kwargs = {}
+      if method in BUDGET_SOLVERS:
+        optimum = peak_bytes(chain, solve(chain, "optimal"))
+        kwargs["budget_bytes"] = int(args.budget_factor * optimum)
+      plan, best, runs = best_time(chain, method, args.repeat, **kwargs)
       peak = peak_bytes(chain, plan)
+      flops = recompute_flops(chain, plan)
       if method == "optimal":
-        optimal_peak = peak
+        optimal_peak, optimal_flops = peak, flops
       results.append({
           "method": method, "n": n, "best_s": best, "runs_s": runs,
           "num_checkpoints": len(plan.checkpoints), "peak_bytes": peak,
           "peak_vs_optimal": peak / optimal_peak if optimal_peak else None,
+          "recompute_flops": flops,
+          "recompute_vs_optimal": flops / optimal_flops if optimal_flops else None,
+          **kwargs,
       })
       print(f"  n={n:>9,} {method:<13} {fmt_time(best):>10}", file=sys.stderr, flush=True)
 
@@ -179,8 +203,9 @@ def main(argv=None) -> int:
       "config": {
           "quick": args.quick, "repeat": args.repeat, "seed": args.seed, "sizes": list(sizes),
           "limits": limits, "timer": "time.perf_counter, best of repeat",
-          "chain": "act_bytes, res_bytes uniform integers in [1, 2^24), seed = seed + n; "
-                   "cot_bytes = act_bytes, no refinements",
+          "budget_factor": args.budget_factor,
+          "chain": "act_bytes, res_bytes uniform integers in [1, 2^24), flops uniform in "
+                   "[1, 2^30), seed = seed + n; cot_bytes = act_bytes, no refinements",
       },
       "results": results,
       "table_markdown": table,
