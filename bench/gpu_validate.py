@@ -161,6 +161,7 @@ def compile_only(spec: dict) -> list:
     return mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
 
   r = jaxremat.apply(model.apply, params, x, **kwargs)
+  rc = jaxremat.apply(model.apply, params, x, calibrate=True, **kwargs) if spec.get("calibrate") else None
   no_xla_remat = {"xla_disable_hlo_passes": "rematerialization"} if jax.default_backend() == "gpu" else {"xla_disable_hlo_passes": "cse_barrier_expander"}
   rows = []
   for kind in STRATEGIES:
@@ -170,10 +171,12 @@ def compile_only(spec: dict) -> list:
                  "predicted_bytes": r.predict_total_bytes(plan),
                  "model_r_total_bytes": r.fixed_bytes + jaxremat.peak_bytes(r.chain, plan) - r.chain.act_bytes[0],
                  "compiled_bytes": compiled_bytes(fn, no_xla_remat), "device": str(jax.devices()[0].device_kind)})
+    if rc is not None:
+      rows[-1]["calibrated_predicted_bytes"] = rc.predict_total_bytes(plan)
   best = min(row["compiled_bytes"] for row in rows if row["strategy"] in ("optimal", "refined"))
   if jax.default_backend() == "gpu":
     mem = (jax.devices()[0].memory_stats() or {}).get("bytes_limit", 0) or 80 * 2**30
-    for slop in (1, 2, 3, 5, 8):
+    for slop in (1, 2, 3, 5, 8) if not spec.get("calibrate") else ():
       rows.append({"strategy": f"xla-remat-slop{slop}", "slop_factor": slop,
                    "xla_limit_bytes_approx": int(0.8 * mem * slop / 100), "jaxremat_best_bytes": best,
                    "compiled_bytes": compiled_bytes(model.apply, {"xla_gpu_memory_limit_slop_factor": str(slop)})})
@@ -230,6 +233,8 @@ def main() -> int:
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--budget-seconds", type=float, default=540.0)
   parser.add_argument("--worker")
+  parser.add_argument("--only", help="run just this model (a name from models())")
+  parser.add_argument("--calibrate", action="store_true", help="also record calibrated predictions")
   parser.add_argument("--compile-only", action="store_true",
                       help="XLA compiled footprints only: one process per model, nothing run")
   args = parser.parse_args()
@@ -249,11 +254,14 @@ def main() -> int:
   import jax
   on_gpu = jax.default_backend() == "gpu"
   for name, (builder, shape, dtype, kwargs) in models(args.quick).items():
+    if args.only and name != args.only:
+      continue
     if args.compile_only:
       left = args.budget_seconds - (time.time() - start)
       if left < 20:
         break
-      spec = {"builder": builder, "shape": shape, "dtype": dtype, "compile_only": True}
+      spec = {"builder": builder, "shape": shape, "dtype": dtype, "compile_only": True,
+              "calibrate": args.calibrate}
       rows = run_one(spec, timeout=min(left, 300))
       rows = rows if isinstance(rows, list) else [rows]
       results += [{"model": name, **row} for row in rows]
