@@ -8,7 +8,9 @@ from jaxremat._chain import peak_bytes as peak_bytes
 from jaxremat._chain import recompute_flops as recompute_flops
 from jaxremat._errors import ChainTooLongError as ChainTooLongError
 from jaxremat._errors import EmptyModelError as EmptyModelError
+from jaxremat._errors import InfeasibleBudgetError as InfeasibleBudgetError
 from jaxremat._errors import InputMismatchError as InputMismatchError
+from jaxremat._errors import InvalidBudgetError as InvalidBudgetError
 from jaxremat._errors import InvalidChainError as InvalidChainError
 from jaxremat._errors import InvalidPlanError as InvalidPlanError
 from jaxremat._errors import JaxrematError as JaxrematError
@@ -18,6 +20,7 @@ from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
 from jaxremat._measure import Footprint as Footprint
 from jaxremat._measure import compile_footprint as compile_footprint
 from jaxremat._measure import measure as measure
+from jaxremat.solvers import pareto as pareto
 from jaxremat.solvers import solve as solve
 
 __version__ = "0.1.0"
@@ -27,7 +30,9 @@ __all__ = (
     "ChainTooLongError",
     "EmptyModelError",
     "Footprint",
+    "InfeasibleBudgetError",
     "InputMismatchError",
+    "InvalidBudgetError",
     "InvalidChainError",
     "InvalidPlanError",
     "JaxrematError",
@@ -39,6 +44,7 @@ __all__ = (
     "apply",
     "compile_footprint",
     "measure",
+    "pareto",
     "peak_bytes",
     "recompute_flops",
     "solve",

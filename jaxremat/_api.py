@@ -13,7 +13,7 @@ import numpy as np
 from jaxremat import _compat
 from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops, validate_plan
 from jaxremat._emit import emit
-from jaxremat._errors import InputMismatchError, JaxrematError
+from jaxremat._errors import InfeasibleBudgetError, InputMismatchError, InvalidBudgetError, JaxrematError
 from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._profile import Buffers, profile
 from jaxremat._refine import refine as refine_plan
@@ -101,6 +101,7 @@ def apply(
     batch: Any,
     *,
     method: str = "optimal",
+    budget_bytes: int | None = None,
     plan: Plan | None = None,
     layer_depth: int | None = None,
     refine: bool = True,
@@ -115,6 +116,11 @@ def apply(
     params: the variables (any pytree of arrays).
     batch: an example batch (any pytree of arrays) with the shapes used in training.
     method: a solver name (see ``jaxremat.solve``); ignored when ``plan`` is given.
+      Among plans of equal model-R peak, ``"optimal"`` takes one that recomputes least.
+    budget_bytes: fit the training step in this many bytes (the footprint
+      ``predicted_total_bytes`` stands for, by model R) with the fewest recomputed
+      FLOPs; implies ``method="budget"``. Raises ``InfeasibleBudgetError`` carrying the
+      least feasible footprint when no plan fits.
     plan: use these checkpoints instead of solving.
     layer_depth: name-stack depth that defines a layer (default: the root module's
       children).
@@ -139,21 +145,49 @@ def apply(
   _check_arrays("params", params)
   _check_arrays("batch", batch)
   traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  arrays, _, _ = split_kwargs(model_kwargs)
   prof = profile(traced, calibrate=calibrate)
   chain = prof.chain
   start = time.perf_counter()
-  if plan is None:
+  fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
+  if plan is None and budget_bytes is not None:
+    plan = _solve_within(chain, budget_bytes, fixed, method)
+  elif plan is None:
     plan = solve(chain, method)
-    if refine and method == "optimal":
-      plan = refine_plan(chain, prof.buffers, plan)
+    if method == "optimal":
+      if chain.n <= _TIE_BREAK_MAX_LAYERS:
+        least_recompute = solve(chain, "budget", budget_bytes=peak_bytes(chain, plan))
+        plan = Plan(least_recompute.checkpoints, method="optimal")
+      if refine:
+        plan = refine_plan(chain, prof.buffers, plan)
   else:
     validate_plan(plan, chain.n)
   seconds = time.perf_counter() - start
-  arrays, _, _ = split_kwargs(model_kwargs)
-  fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
   fn = _DropIn(model_fn, plan, layer_depth, traced, _key(params, batch, model_kwargs))
   return Remat(fn=fn, plan=plan, chain=chain, solve_seconds=seconds, fixed_bytes=fixed, traced=traced,
                buffers=prof.buffers)
+
+
+_TIE_BREAK_MAX_LAYERS = 20_000  # the least-recompute tie-break is O(n log n) solves
+
+
+def _solve_within(chain: Chain, budget_bytes: int, fixed_bytes: int, method: str) -> Plan:
+  """The budget plan for a whole-step budget (bytes): model R gets what fixed bytes leave."""
+  if method not in ("optimal", "budget"):
+    raise InvalidBudgetError(
+        f"budget_bytes selects method='budget'; it cannot be combined with method={method!r}.")
+  offset = fixed_bytes - chain.act_bytes[0]  # footprint = offset + model-R peak
+  try:
+    plan = solve(chain, "budget", budget_bytes=budget_bytes - offset)
+  except InfeasibleBudgetError as err:
+    least = err.min_feasible_bytes + offset
+    raise InfeasibleBudgetError(
+        f"budget_bytes={budget_bytes} is below the least footprint any plan reaches, "
+        f"{least} bytes ({least / 2**30:.3f} GiB: {fixed_bytes} bytes of parameters, "
+        "batch and gradients plus the least activation peak). Raise the budget, shrink "
+        "the batch, or use a multi-level plan.",
+        budget_bytes=budget_bytes, min_feasible_bytes=least) from None
+  return plan
 
 
 def _check_arrays(what: str, tree: Any) -> None:

@@ -37,3 +37,31 @@ class InputMismatchError(JaxrematError, ValueError):
 
 class UnsupportedModelError(JaxrematError, ValueError):
   """The model does something jaxremat cannot re-execute safely."""
+
+
+class InvalidBudgetError(JaxrematError, ValueError):
+  """``budget_bytes`` is missing, NaN or -inf, or given to a method that takes no budget."""
+
+
+class InfeasibleBudgetError(JaxrematError, ValueError):
+  """No plan keeps the peak within the byte budget.
+
+  Attributes:
+    budget_bytes: the budget that was asked for (bytes).
+    min_feasible_bytes: the least peak any plan reaches (bytes), i.e. the smallest
+      budget that would have been feasible.
+  """
+
+  def __init__(self, message: str, *, budget_bytes: int, min_feasible_bytes: int):
+    super().__init__(message)
+    self.budget_bytes = budget_bytes
+    self.min_feasible_bytes = min_feasible_bytes
+
+  def __reduce__(self):
+    return _rebuild_infeasible, (str(self), self.budget_bytes, self.min_feasible_bytes)
+
+
+def _rebuild_infeasible(message: str, budget_bytes: int,
+                        min_feasible_bytes: int) -> InfeasibleBudgetError:
+  return InfeasibleBudgetError(message, budget_bytes=budget_bytes,
+                               min_feasible_bytes=min_feasible_bytes)

@@ -116,3 +116,20 @@ class DropoutMLP(nn.Module):
       if k < len(self.widths) - 1:
         x = nn.Dropout(self.rate, deterministic=False)(nn.gelu(x))
     return x
+
+
+def all_conv(
+    stages: Sequence[tuple[int, int]] = ((16, 1), (16, 1), (32, 2), (32, 1), (32, 1), (64, 2),
+                                         (64, 1), (64, 1), (128, 2), (128, 1)),
+    *,
+    num_classes: int = 10,
+) -> nn.Sequential:
+  """An all-convolutional net (Springenberg et al. 2015): strided convs, no pooling.
+
+  ``stages`` lists ``(features, stride)`` per 3x3 conv, each followed by ReLU.
+  """
+  layers: list = []
+  for features, stride in stages:
+    layers += [nn.Conv(features, (3, 3), strides=stride), nn.relu]
+  layers += [flatten, nn.Dense(num_classes)]
+  return nn.Sequential(layers)

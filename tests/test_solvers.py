@@ -1,4 +1,4 @@
-"""One shared test set run over every method in ``jaxremat.solvers.SOLVERS``."""
+"""One shared test set run over every method in ``SOLVERS`` and ``BUDGET_SOLVERS``."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import pytest
 
 from jaxremat import (Chain, ChainTooLongError, Plan, UnknownMethodError, peak_bytes,
                       recompute_flops, solve)
-from jaxremat.solvers import SOLVERS
+from jaxremat.solvers import BUDGET_SOLVERS, SOLVERS, uniform_plan
+from jaxremat.solvers._greedy import greedy_plan
 
-METHODS = sorted(SOLVERS)
-EXACT = ("optimal", "quadratic", "brute")  # exact minimisers of model R
-SMALL_ONLY = {"brute"}  # exhaustive: only run on short chains
+METHODS = sorted([*SOLVERS, *BUDGET_SOLVERS])
+# Exact minimisers of model R ("budget" runs at the least feasible budget, see ``run``).
+EXACT = ("optimal", "quadratic", "brute", "budget")
+SMALL_ONLY = {"brute", "brute-a"}  # exhaustive: only run on short chains
 
 # Value pools for random chains: zeros, heavy ties, spread values, large byte counts.
 POOLS = (
@@ -94,6 +96,13 @@ def small_case(seed: int) -> tuple[Chain, tuple[int, int]]:
   return chain, brute_force(chain)
 
 
+def run(chain: Chain, method: str) -> Plan:
+  """``solve(chain, method)``; budget methods get the tightest budget, the optimum of model R."""
+  if method in BUDGET_SOLVERS:
+    return solve(chain, method, budget_bytes=peak_bytes(chain, solve(chain, "optimal")))
+  return solve(chain, method)
+
+
 def check_plan(chain: Chain, plan: Plan, method: str) -> None:
   assert isinstance(plan, Plan)
   assert plan.method == method
@@ -104,8 +113,11 @@ def check_plan(chain: Chain, plan: Plan, method: str) -> None:
 
 
 def test_method_list():
-  assert set(EXACT) <= set(SOLVERS)
-  assert {"none", "every-layer", "sqrt", "best-uniform"} <= set(SOLVERS)
+  assert set(EXACT) <= set(METHODS)
+  assert {"none", "every-layer", "sqrt", "best-uniform", "chen-greedy"} <= set(SOLVERS)
+  assert {"dp", "brute-a"} <= set(SOLVERS)
+  assert set(BUDGET_SOLVERS) == {"budget"}
+  assert not set(SOLVERS) & set(BUDGET_SOLVERS)
 
 
 # --- every method: valid plans ----------------------------------------------------------
@@ -119,7 +131,7 @@ def test_plans_are_valid(method):
     sizes += [20, 50, 200, 1000]
   for n in sizes:
     chain = random_chain(rng, n, refine=rng.random() < 0.5)
-    plan = solve(chain, method)
+    plan = run(chain, method)
     check_plan(chain, plan, method)
     assert peak_bytes(chain, plan) >= 0
 
@@ -127,7 +139,7 @@ def test_plans_are_valid(method):
 @pytest.mark.parametrize("method", METHODS)
 def test_chain_of_one_layer_has_no_checkpoints(method):
   for chain in (Chain([1, 1], [1]), Chain([0, 0], [0]), Chain([9, 2], [7], cot_bytes=[1, 1])):
-    plan = solve(chain, method)
+    plan = run(chain, method)
     check_plan(chain, plan, method)
     assert plan.checkpoints == ()
 
@@ -137,7 +149,7 @@ def test_chain_of_two_layers(method):
   rng = random.Random(2)
   for _ in range(50):
     chain = random_chain(rng, 2, refine=rng.random() < 0.5)
-    plan = solve(chain, method)
+    plan = run(chain, method)
     check_plan(chain, plan, method)
     assert plan.checkpoints in ((), (1,))
     if method in EXACT:
@@ -149,7 +161,7 @@ def test_deterministic(method):
   rng = random.Random(3)
   for _ in range(20):
     chain = random_chain(rng, rng.randint(1, 10), refine=True)
-    assert solve(chain, method) == solve(chain, method)
+    assert run(chain, method) == run(chain, method)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -159,13 +171,13 @@ def test_never_beats_the_optimum_and_optimal_never_loses(method):
     n = rng.randint(1, 10 if method in SMALL_ONLY else 150)
     chain = random_chain(rng, n, refine=rng.random() < 0.5)
     best = peak_bytes(chain, solve(chain, "optimal"))
-    assert peak_bytes(chain, solve(chain, method)) >= best
+    assert peak_bytes(chain, run(chain, method)) >= best
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_worked_example(method):
   chain = Chain([1, 2, 2, 2, 1], [3, 3, 3, 3])
-  plan = solve(chain, method)
+  plan = run(chain, method)
   check_plan(chain, plan, method)
   if method in EXACT:
     assert plan.checkpoints == (2, 3)
@@ -183,7 +195,7 @@ SMALL_PER_BATCH = 500  # 4000 chains of 1..10 layers
 def test_exact_equals_brute_force(method, batch):
   for seed in range(batch * SMALL_PER_BATCH, (batch + 1) * SMALL_PER_BATCH):
     chain, (best, _) = small_case(seed)
-    plan = solve(chain, method)
+    plan = run(chain, method)
     check_plan(chain, plan, method)
     assert literal_peak_of(chain, plan.checkpoints) == best, (seed, chain, plan)
 
@@ -194,11 +206,12 @@ def test_exact_equals_brute_force(method, batch):
         strict=True, reason="DESIGN.md: ties should prefer the least recomputation")),
     pytest.param("quadratic", marks=pytest.mark.xfail(
         strict=True, reason="DESIGN.md: ties should prefer the least recomputation")),
+    "budget",
 ])
 def test_exact_ties_prefer_least_recomputation(method):
   for seed in range(SMALL_PER_BATCH):
     chain, (_, least_flops) = small_case(seed)
-    plan = solve(chain, method)
+    plan = run(chain, method)
     assert recompute_flops(chain, plan) == least_flops, (seed, chain, plan)
 
 
@@ -280,6 +293,47 @@ def test_best_uniform_beats_every_uniform_plan():
     assert plan.checkpoints in uniform
     best = literal_peak_of(chain, plan.checkpoints)
     assert all(best <= literal_peak_of(chain, cps) for cps in uniform)
+
+
+def test_greedy_pass_closes_a_segment_once_it_exceeds_the_threshold():
+  rng = random.Random(7)
+  for _ in range(300):
+    n = rng.randint(0, 30)
+    chain = random_chain(rng, n, refine=False)
+    b = chain.res_bytes
+    assert greedy_plan(chain, 0)[0] == tuple(i for i in range(1, n) if b[i - 1] > 0)
+    for threshold in (0, 1, 5, 50, 2**41, rng.randrange(1000)):
+      cps, kept, largest = greedy_plan(chain, threshold)
+      bounds = (0, *cps)
+      sizes = [sum(b[l:r]) for l, r in zip(bounds, cps)]  # layers l+1..r
+      assert all(size > threshold for size in sizes)
+      assert all(sum(b[l:r - 1]) <= threshold for l, r in zip(bounds, cps))
+      assert sum(b[bounds[-1]:max(n - 1, 0)]) <= threshold  # the open tail, layers up to n-1
+      assert kept == sum(chain.act_bytes[c] for c in cps)
+      assert largest == max(sizes, default=0)
+
+
+def test_chen_greedy_search_on_a_uniform_chain():
+  # a = b = 1, n = 100. Threshold 0 keeps every layer (99 kept, largest 1): guess
+  # isqrt(99 * 1 // 2) = 7 gives segments of 8 (12 kept, largest 8): guess 6 gives
+  # segments of 7 (14 kept, largest 7): last guess 7. Grid from the least largest, 1, to
+  # isqrt(2 * 7**2) = 9 in steps of (9 - 1) // 6 = 1: thresholds 2..7, segments of 3..8.
+  n = 100
+  chain = Chain([1] * (n + 1), [1] * n)
+  tried = [uniform_plan(n, k) for k in (1, 3, 4, 5, 6, 7, 8)]
+  plan = solve(chain, "chen-greedy")
+  assert plan.checkpoints in [p.checkpoints for p in tried]
+  assert peak_bytes(chain, plan) == min(peak_bytes(chain, p) for p in tried)
+
+
+def test_chen_greedy_is_no_worse_than_every_layer_when_all_layers_have_residuals():
+  rng = random.Random(8)
+  for _ in range(200):
+    n = rng.randint(1, 80)
+    chain = Chain([rng.randrange(1, 100) for _ in range(n + 1)],
+                  [rng.randrange(1, 100) for _ in range(n)])
+    greedy = peak_bytes(chain, solve(chain, "chen-greedy"))
+    assert greedy <= peak_bytes(chain, solve(chain, "every-layer"))
 
 
 # --- errors -----------------------------------------------------------------------------

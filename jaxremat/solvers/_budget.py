@@ -1,0 +1,161 @@
+"""Least recomputation under a byte budget: peak_R <= P with the fewest recomputed FLOPs."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import numbers
+import operator
+
+from jaxremat._chain import Chain, Plan, peak_bytes
+from jaxremat._errors import InfeasibleBudgetError, InvalidBudgetError
+from jaxremat.solvers._optimal import solve_optimal
+from jaxremat.solvers._terms import terms
+
+
+def budget_as_int(budget_bytes: object) -> int | None:
+  """``budget_bytes`` as whole bytes: integers as they are, floats rounded down, +inf as None.
+
+  Raises:
+    TypeError: not a real number (or a bool).
+    InvalidBudgetError: NaN or -inf.
+  """
+  if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real):
+    raise TypeError(f"budget_bytes must be a number of bytes, got {type(budget_bytes).__name__} "
+                    f"{budget_bytes!r}.")
+  if isinstance(budget_bytes, numbers.Integral):
+    return operator.index(budget_bytes)
+  value = float(budget_bytes)
+  if math.isnan(value) or value == -math.inf:
+    raise InvalidBudgetError(
+        f"budget_bytes must be a number of bytes or +inf, got {budget_bytes!r}.")
+  return None if value == math.inf else math.floor(value)
+
+
+def prefix_flops(chain: Chain) -> list[int]:
+  """``prefix[L] = f_1 + ... + f_L`` (FLOPs), what a plan with last checkpoint ``L`` recomputes."""
+  prefix = [0] * (chain.n + 1)
+  for i, f in enumerate(chain.flops, start=1):
+    prefix[i] = prefix[i - 1] + f
+  return prefix
+
+
+def least_peak_plan(chain: Chain, last: int, *,
+                    no_checkpoint_peak: int | None = None) -> tuple[int, ...]:
+  """Checkpoints of least ``peak_bytes`` among the plans whose checkpoints are all ``<= last``.
+
+  Keeping ``x_r`` for ``r > last`` is made never worth it by giving it more bytes than
+  the plan without checkpoints peaks at (a kept ``x_r`` is live in every later segment),
+  and the exact O(n) solver does the rest: O(n).
+
+  Args:
+    chain: the per-layer byte counts.
+    last: the largest checkpoint allowed (0: none).
+    no_checkpoint_peak: ``peak_bytes(chain, Plan(()))`` if already known (bytes).
+  """
+  n = chain.n
+  if n <= 1 or last <= 0:
+    return ()
+  if last >= n - 1:
+    return solve_optimal(chain).checkpoints
+  if no_checkpoint_peak is None:
+    no_checkpoint_peak = peak_bytes(chain, Plan(()))
+  big = no_checkpoint_peak + 1
+  act = list(chain.act_bytes)
+  act[last + 1:n] = [big] * (n - 1 - last)
+  restricted = Chain(act, chain.res_bytes, cot_bytes=chain.cot_bytes,
+                     input_res_bytes=chain.input_res_bytes, workspace_bytes=chain.workspace_bytes)
+  return solve_optimal(restricted).checkpoints
+
+
+def least_last_checkpoint(chain: Chain, budget_bytes: int) -> int | None:
+  """The least ``L`` such that a plan with checkpoints ``<= L`` peaks at most ``budget_bytes``.
+
+  The left-to-right O(n^2) DP of DESIGN.md, kept as the reference for
+  ``solve_budget``'s O(n log n) search. ``D(r)``, the least held sum
+  ``sum_{c in C u {0}, c <= r} a_c`` over plans of the layers ``1..r`` that keep
+  ``x_r`` and stay within budget, is ``a_r + min D(l)`` over the ``l < r`` with
+  ``D(l) + S(l, r) <= budget`` (``S`` from ``_terms``; a smaller held sum is never
+  worse for the layers after ``r``). The answer is the least ``l`` (0: no
+  checkpoints) with ``D(l) + S(l, n) <= budget``.
+
+  Returns:
+    ``L`` in ``0..n-1``, or None when no plan fits the budget.
+  """
+  n = chain.n
+  if n == 0:
+    return 0 if peak_bytes(chain, Plan(())) <= budget_bytes else None
+  t = terms(chain)
+  h, c, a = t.h, t.c, chain.act_bytes
+  held: list[int | None] = [None] * n
+  held[0] = a[0]
+  for r in range(1, n):
+    best, running = None, h[r]
+    for l in range(r - 1, -1, -1):
+      running = max(running, h[l + 1])
+      if held[l] is not None and held[l] + running - c[l] <= budget_bytes:
+        best = held[l] if best is None else min(best, held[l])
+    held[r] = None if best is None else a[r] + best
+  feasible, to_end = None, h[n]  # to_end = max_{l<i<=n} h[i], widened as l decreases
+  for l in range(n - 1, -1, -1):
+    to_end = max(to_end, h[l + 1])
+    if held[l] is not None and held[l] + to_end - c[l] <= budget_bytes:
+      feasible = l
+  return feasible
+
+
+def solve_budget(chain: Chain, budget_bytes: int) -> Plan:
+  """The plan with ``peak_bytes <= budget_bytes`` that recomputes the fewest FLOPs.
+
+  Every non-final segment is recomputed once, so a plan recomputes
+  ``f_1 + ... + f_L`` with ``L`` its last checkpoint, and the least peak over plans
+  with checkpoints ``<= L``, ``P(L)``, does not increase with ``L``. A binary search on
+  ``L`` (each probe one exact O(n) solve, ``least_peak_plan``) finds the least ``L``
+  with ``P(L) <= budget``; among the plans recomputing just as little (checkpoints up
+  to the last ``L'`` with the same prefix FLOPs) the one of least peak is returned.
+  O(n log n) in all.
+
+  Args:
+    chain: the per-layer byte counts and FLOPs.
+    budget_bytes: the most bytes the backward pass may peak at under model R
+      (``peak_bytes``); a float is rounded down to whole bytes, ``math.inf`` means
+      no limit.
+
+  Returns:
+    A ``Plan`` with ``method="budget"``: least ``recompute_flops``, then least
+    ``peak_bytes``.
+
+  Raises:
+    InfeasibleBudgetError: ``budget_bytes`` is below the optimum of model R; its
+      ``min_feasible_bytes`` holds that optimum, the least budget that works.
+    InvalidBudgetError, TypeError: ``budget_bytes`` is NaN, -inf or not a number.
+
+  References:
+    Beaumont et al. 2019, "Optimal checkpointing for heterogeneous chains" (rotor),
+    for the min-time-under-a-budget formulation.
+  """
+  budget = budget_as_int(budget_bytes)
+  most = peak_bytes(chain, Plan(()))
+  if budget is None:  # no limit: every budget from the no-checkpoint peak up is the same
+    budget = most
+  optimum = solve_optimal(chain)
+  least = peak_bytes(chain, optimum)
+  if budget < least:
+    raise InfeasibleBudgetError(
+        f"budget_bytes={budget} is below the least peak any plan reaches, {least} bytes "
+        f"(model R, method='optimal'); pass budget_bytes >= {least}.",
+        budget_bytes=budget, min_feasible_bytes=least)
+  n = chain.n
+  prefix = prefix_flops(chain)
+  lo, hi = 0, optimum.checkpoints[-1] if optimum.checkpoints else 0
+  if most <= budget:  # no checkpoints at all fits
+    hi = 0
+  while lo < hi:  # least L with P(L) <= budget; P(hi) <= budget throughout
+    mid = (lo + hi) // 2
+    cps = least_peak_plan(chain, mid, no_checkpoint_peak=most)
+    if peak_bytes(chain, Plan(cps)) <= budget:
+      hi = cps[-1] if cps else 0
+    else:
+      lo = mid + 1
+  same = bisect.bisect_right(prefix, prefix[lo], 0, max(n, 1)) - 1  # last L' <= n-1 as cheap
+  return Plan(least_peak_plan(chain, same, no_checkpoint_peak=most), method="budget")
