@@ -18,7 +18,8 @@ from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._profile import Buffers, profile
 from jaxremat._refine import refine as refine_plan
 from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
-from jaxremat.solvers import solve
+from jaxremat._measure import measure
+from jaxremat.solvers import solve, uniform_plan
 
 #: Strategies listed by ``Remat.report`` next to the chosen plan.
 REPORTED_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
@@ -34,6 +35,9 @@ class Remat:
     plan: the checkpoints chosen.
     chain: the profiled layers (bytes, FLOPs, names).
     solve_seconds: wall time of the solver.
+    fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
+    verified: with ``apply(verify=True)``, XLA's footprint (bytes) of each candidate
+      plan's training step, by checkpoints.
   """
 
   fn: Callable[..., Any]
@@ -43,6 +47,7 @@ class Remat:
   fixed_bytes: int
   traced: TracedChain = dataclasses.field(repr=False)
   buffers: Buffers = dataclasses.field(repr=False)
+  verified: dict[tuple[int, ...], int] | None = None
 
   @property
   def predicted_peak_bytes(self) -> int:
@@ -105,6 +110,7 @@ def apply(
     plan: Plan | None = None,
     layer_depth: int | None = None,
     refine: bool = True,
+    verify: bool = False,
     calibrate: bool = False,
     **model_kwargs: Any,
 ) -> Remat:
@@ -127,6 +133,11 @@ def apply(
     refine: for ``method="optimal"``, improve the model-R optimum by local search on
       the XLA-aware estimate (``predict_total_bytes``), which knows that XLA can place
       activations in gradient buffers not yet written.
+    verify: compile the training step (``jax.grad`` of a sum of mean squares of the
+      float outputs) for the chosen plan, model R's optimum and the three best uniform
+      plans by the estimate, and keep the one XLA measures smallest (ties: least
+      recompute). Costs one whole-step compile per candidate; the figures are kept in
+      ``Remat.verified``.
     calibrate: compile each layer's backward alone and add what XLA's temp needs beyond
       its residuals as workspace (one small compile per layer; helps where XLA expands
       an operation, e.g. max-pool gradients on CPU, and overestimates elsewhere).
@@ -163,9 +174,35 @@ def apply(
   else:
     validate_plan(plan, chain.n)
   seconds = time.perf_counter() - start
-  fn = _DropIn(model_fn, plan, layer_depth, traced, _key(params, batch, model_kwargs))
+  key = _key(params, batch, model_kwargs)
+  verified = None
+  if verify and method == "optimal" and budget_bytes is None:
+    candidates = [plan, solve(chain, "optimal"), *_best_uniform_plans(chain, prof.buffers, 3)]
+    verified = {}
+    for candidate in dict.fromkeys(Plan(c.checkpoints) for c in candidates):
+      drop_in = _DropIn(model_fn, candidate, layer_depth, traced, key)
+      verified[candidate.checkpoints] = measure(
+          _scalar_loss(drop_in, model_kwargs), params, batch).total_bytes
+    best = min(verified, key=lambda c: (verified[c], recompute_flops(chain, Plan(c))))
+    if best != plan.checkpoints:
+      plan = Plan(best, method=f"{plan.method}+verified")
+  fn = _DropIn(model_fn, plan, layer_depth, traced, key)
   return Remat(fn=fn, plan=plan, chain=chain, solve_seconds=seconds, fixed_bytes=fixed, traced=traced,
-               buffers=prof.buffers)
+               buffers=prof.buffers, verified=verified)
+
+
+def _best_uniform_plans(chain: Chain, buffers: Buffers, count: int) -> list[Plan]:
+  """The ``count`` checkpoint-every-k plans of least estimated footprint."""
+  plans = [uniform_plan(chain.n, k) for k in range(1, chain.n)]
+  return sorted(plans, key=lambda p: estimate_temp_bytes(chain, buffers, p))[:count]
+
+
+def _scalar_loss(fn: Callable[..., Any], model_kwargs: dict[str, Any]) -> Callable[..., Any]:
+  def loss(params, batch):
+    leaves = jax.tree_util.tree_leaves(fn(params, batch, **model_kwargs))
+    return sum(jax.numpy.mean(jax.numpy.square(x.astype(jax.numpy.float32)))
+               for x in leaves if _compat.is_float(x))
+  return loss
 
 
 _TIE_BREAK_MAX_LAYERS = 20_000  # the least-recompute tie-break is O(n log n) solves

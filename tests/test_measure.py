@@ -102,3 +102,11 @@ def test_budget_plan_fits_its_budget_and_infeasible_budget_says_the_least():
   with pytest.raises(jaxremat.InfeasibleBudgetError, match=f"least footprint any plan reaches, {least} bytes") as err:
     jaxremat.apply(model.apply, params, x, budget_bytes=least - 1)
   assert err.value.min_feasible_bytes == least
+
+
+def test_verify_keeps_the_candidate_xla_measures_smallest(cnn):
+  model, params, x = cnn
+  r = jaxremat.apply(model.apply, params, x, verify=True)
+  assert r.verified and len(r.verified) >= 2
+  assert r.verified[r.plan.checkpoints] == min(r.verified.values())
+  assert jaxremat.measure(_loss(r.fn), params, x).total_bytes <= min(r.verified.values())
