@@ -45,11 +45,22 @@ def models(quick: bool) -> dict:
   }
 
 
+def scalar_loss(fn, kwargs: dict):
+  """``mean(out ** 2)`` of the model's (first) output, in float32."""
+  import jax.numpy as jnp  # noqa: F401  (used by eval of the builder)
+
+  def loss(p, x):
+    out = fn(p, x, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    return jnp.mean(jnp.square(out.astype(jnp.float32)))
+  return loss
+
+
 def worker(spec: dict) -> dict:
   """One configuration in this process: compile, run, read the allocator's peak."""
   sys.path.insert(0, ROOT)
   import jax
-  import jax.numpy as jnp
+  import jax.numpy as jnp  # noqa: F401  (used by eval of the builder)
   import numpy as np
 
   import jaxremat
@@ -64,11 +75,7 @@ def worker(spec: dict) -> dict:
     kwargs = {"mutable": ["batch_stats"]}
 
   def loss_of(fn):
-    def loss(p, x):
-      out = fn(p, x, **kwargs)
-      out = out[0] if isinstance(out, tuple) else out
-      return jnp.mean(jnp.square(out.astype(jnp.float32)))
-    return loss
+    return scalar_loss(fn, kwargs)
 
   out: dict = {"device": str(jax.devices()[0].device_kind), "backend": jax.default_backend()}
   r = jaxremat.apply(model.apply, params, x, **kwargs)
@@ -139,7 +146,7 @@ def compile_only(spec: dict) -> list:
   """Every strategy of one model in this process: XLA's compiled footprint only, no run."""
   sys.path.insert(0, ROOT)
   import jax
-  import jax.numpy as jnp
+  import jax.numpy as jnp  # noqa: F401  (used by eval of the builder)
 
   import jaxremat
   from jaxremat import zoo  # noqa: F401  (used by eval of the builder)
@@ -150,11 +157,7 @@ def compile_only(spec: dict) -> list:
   kwargs = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
 
   def loss_of(fn):
-    def loss(p, x):
-      out = fn(p, x, **kwargs)
-      out = out[0] if isinstance(out, tuple) else out
-      return jnp.mean(jnp.square(out.astype(jnp.float32)))
-    return loss
+    return scalar_loss(fn, kwargs)
 
   def compiled_bytes(fn, options):
     mem = jax.jit(jax.grad(loss_of(fn))).lower(params, x).compile(compiler_options=options).memory_analysis()

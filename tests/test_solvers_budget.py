@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import pickle
 import random
@@ -17,35 +16,9 @@ from jaxremat._errors import InfeasibleBudgetError, InvalidBudgetError
 from jaxremat.solvers import BUDGET_SOLVERS, SOLVERS, pareto
 from jaxremat.solvers._budget import least_last_checkpoint, least_peak_plan
 
-# Value pools for random chains: zeros, heavy ties, spread values, large byte counts.
-POOLS = (
-    [0],
-    [5],
-    [0, 1],
-    [0, 0, 0, 1],
-    [2, 2, 2, 2, 3],
-    [0, 1, 2],
-    list(range(10)),
-    [0, 7, 7, 7, 100],
-    [0, 1, 1000],
-    [0, 2**40, 2**40 + 1, 3 * 2**40],
-)
+from oracles import POOLS, all_plans, literal_peak_of  # noqa: E402
+
 FLOP_POOLS = ([0], [0, 1], [1], [0, 0, 5], [1, 2, 3, 10], [10**12, 3 * 10**12])
-
-
-def literal_peak(chain, checkpoints):
-  """Model R straight from DESIGN.md, 1-based, with the refinements e and w."""
-  a, g, n = chain.act_bytes, chain.cot_bytes, chain.n
-  b1, e1, w1 = ([None, *chain.res_bytes], [None, *chain.input_res_bytes],
-                [None, *chain.workspace_bytes])
-  bounds = [0, *checkpoints, n]
-  peak = a[0] + g[0] if n == 0 else None
-  for l, r in zip(bounds, bounds[1:]):
-    held = sum(a[c] for c in (0, *checkpoints) if c <= l)
-    for i in range(l + 1, r + 1):
-      live = held + sum(b1[l + 1:i + 1]) - e1[l + 1] + w1[i] + g[i] + g[i - 1]
-      peak = live if peak is None else max(peak, live)
-  return peak
 
 
 def literal_flops(chain, checkpoints):
@@ -56,8 +29,8 @@ def literal_flops(chain, checkpoints):
 def enumerate_plans(chain):
   """(peak, flops, checkpoints) of every plan of ``chain``."""
   n = chain.n
-  plans = [cps for k in range(max(n, 1)) for cps in itertools.combinations(range(1, n), k)]
-  return [(literal_peak(chain, cps), literal_flops(chain, cps), cps) for cps in plans]
+  plans = all_plans(n)
+  return [(literal_peak_of(chain, cps), literal_flops(chain, cps), cps) for cps in plans]
 
 
 def brute_budget(scored, budget):
@@ -122,7 +95,7 @@ def test_budget_is_least_recompute_within_budget(batch):
       plan = solve(chain, "budget", budget_bytes=budget)
       assert plan.method == "budget"
       assert all(1 <= c <= chain.n - 1 for c in plan.checkpoints)
-      got = (literal_flops(chain, plan.checkpoints), literal_peak(chain, plan.checkpoints))
+      got = (literal_flops(chain, plan.checkpoints), literal_peak_of(chain, plan.checkpoints))
       assert got[1] <= budget, (seed, budget, plan)
       assert got == want, (seed, budget, plan, got, want)
 
@@ -143,7 +116,7 @@ def test_least_peak_plan_respects_its_limit():
       cps = least_peak_plan(chain, last)
       assert all(c <= last for c in cps)
       best = min(p for p, _, c in scored if max(c, default=0) <= last)
-      assert literal_peak(chain, cps) == best, (seed, last, cps)
+      assert literal_peak_of(chain, cps) == best, (seed, last, cps)
 
 
 def test_budget_at_the_optimum_is_an_optimal_plan():
@@ -277,7 +250,7 @@ def test_pareto_equals_brute_force(batch):
     points = pareto(chain)
     assert [(p, f) for p, f, _ in points] == brute_frontier(scored), seed
     for peak, flops, plan in points:
-      assert literal_peak(chain, plan.checkpoints) == peak
+      assert literal_peak_of(chain, plan.checkpoints) == peak
       assert literal_flops(chain, plan.checkpoints) == flops
       assert plan == solve(chain, "budget", budget_bytes=peak)
 

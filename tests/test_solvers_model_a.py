@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
@@ -10,20 +9,7 @@ import pytest
 from jaxremat import Chain, ChainTooLongError, InvalidPlanError, Plan, solve
 from jaxremat.solvers import cost_a
 from jaxremat.solvers._dp import least_checkpoint_sum
-
-# Value pools for random activation sizes: zeros, heavy ties, spread values, large bytes.
-POOLS = (
-    [0],
-    [5],
-    [0, 1],
-    [0, 0, 0, 1],
-    [2, 2, 2, 2, 3],
-    [0, 1, 2],
-    list(range(10)),
-    [0, 7, 7, 7, 100],
-    [0, 1, 1000],
-    [0, 2**40, 2**40 + 1, 3 * 2**40],
-)
+from oracles import POOLS, all_plans  # noqa: E402
 
 
 def literal_cost_a(d, checkpoints):
@@ -33,10 +19,6 @@ def literal_cost_a(d, checkpoints):
   interiors = [sum(d[t] for t in range(l + 1, r)) for l, r in zip(kept, kept[1:])]
   return sum(d[c] for c in kept) + max(interiors, default=0)
 
-
-def all_plans(n):
-  """Every subset of ``1..n-1`` as an increasing tuple (one empty plan when n <= 1)."""
-  return [cps for k in range(max(n, 1)) for cps in itertools.combinations(range(1, n), k)]
 
 
 def random_d(rng: random.Random, n: int) -> list[int]:
