@@ -84,16 +84,33 @@ class Plan:
 
   ``checkpoints`` holds indices in ``1..n-1``; they split the chain into segments
   ``(c_{j-1}, c_j]``. Every segment but the last runs under its own ``jax.checkpoint``.
+
+  ``inner`` makes the plan multi-level: a pair ``(l, sub)`` splits the segment that
+  starts at ``l`` by ``sub.checkpoints`` (absolute layer indices strictly inside it);
+  inside that segment every sub-segment but the last runs under a nested
+  ``jax.checkpoint``, so when the segment is recomputed only the sub-segment boundaries
+  are kept, and the sub-segments are recomputed again one by one. ``sub`` may itself
+  have ``inner``.
   """
 
   checkpoints: tuple[int, ...] = ()
   method: str = ""
+  inner: tuple[tuple[int, Plan], ...] = ()
 
   def __post_init__(self):
     cps = tuple(int(c) for c in self.checkpoints)
     if list(cps) != sorted(set(cps)):
       raise InvalidPlanError(f"checkpoints must be strictly increasing, got {cps}.")
     object.__setattr__(self, "checkpoints", cps)
+    inner = tuple(sorted((int(l), sub) for l, sub in self.inner))
+    if len({l for l, _ in inner}) != len(inner) or not all(isinstance(s, Plan) for _, s in inner):
+      raise InvalidPlanError(f"inner must pair distinct segment starts with Plans, got {self.inner}.")
+    object.__setattr__(self, "inner", inner)
+
+  @property
+  def is_nested(self) -> bool:
+    """True for a multi-level plan."""
+    return bool(self.inner)
 
   def segments(self, n: int) -> list[tuple[int, int]]:
     """The segments ``(l, r]`` of a chain of ``n`` layers, as ``(l, r)`` pairs."""
@@ -102,13 +119,28 @@ class Plan:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def validate_plan(plan: Plan, n: int) -> None:
-  """Raises InvalidPlanError unless every checkpoint lies in ``1..n-1``."""
-  bad = [c for c in plan.checkpoints if not 1 <= c <= n - 1]
+def validate_plan(plan: Plan, n: int, start: int = 0) -> None:
+  """Raises InvalidPlanError unless the plan fits a chain of ``n`` layers.
+
+  Checkpoints lie in ``start+1..n-1`` (``start`` is the segment a nested plan splits);
+  every ``inner`` entry names a segment start and splits it strictly inside.
+  """
+  bad = [c for c in plan.checkpoints if not start + 1 <= c <= n - 1]
+  if bad and start:
+    raise InvalidPlanError(
+        f"inner checkpoints {bad} lie outside the segment ({start}, {n}] they split; "
+        f"valid indices are {start + 1}..{n - 1}.")
   if bad:
     raise InvalidPlanError(
         f"checkpoint indices {bad} are out of range for a chain of {n} layers; "
         f"valid indices are 1..{n - 1} (the output of layer i is checkpoint i).")
+  bounds = (start, *plan.checkpoints, n)
+  stops = dict(zip(bounds[:-1], bounds[1:]))
+  for l, sub in plan.inner:
+    if l not in stops:
+      raise InvalidPlanError(
+          f"inner plan for segment start {l}, but the segments start at {sorted(stops)}.")
+    validate_plan(sub, stops[l], start=l)
 
 
 def peak_bytes(chain: Chain, plan: Plan) -> int:
@@ -122,6 +154,10 @@ def peak_bytes(chain: Chain, plan: Plan) -> int:
   n = chain.n
   if n == 0:
     return chain.act_bytes[0] + chain.cot_bytes[0]
+  if plan.is_nested:
+    raise InvalidPlanError(
+        "peak_bytes is model R for single-level plans; a multi-level plan's peak comes "
+        "from the event simulator (jaxremat.simulate_peak_bytes).")
   a, b, g = chain.act_bytes, chain.res_bytes, chain.cot_bytes
   e, w = chain.input_res_bytes, chain.workspace_bytes
   held = 0
