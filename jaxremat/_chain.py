@@ -119,14 +119,14 @@ class Plan:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def validate_plan(plan: Plan, n: int, start: int = 0) -> None:
+def validate_plan(plan: Plan, n: int, start: int = 0, *, nested: bool = False) -> None:
   """Raises InvalidPlanError unless the plan fits a chain of ``n`` layers.
 
   Checkpoints lie in ``start+1..n-1`` (``start`` is the segment a nested plan splits);
   every ``inner`` entry names a segment start and splits it strictly inside.
   """
   bad = [c for c in plan.checkpoints if not start + 1 <= c <= n - 1]
-  if bad and start:
+  if bad and nested:
     raise InvalidPlanError(
         f"inner checkpoints {bad} lie outside the segment ({start}, {n}] they split; "
         f"valid indices are {start + 1}..{n - 1}.")
@@ -140,7 +140,7 @@ def validate_plan(plan: Plan, n: int, start: int = 0) -> None:
     if l not in stops:
       raise InvalidPlanError(
           f"inner plan for segment start {l}, but the segments start at {sorted(stops)}.")
-    validate_plan(sub, stops[l], start=l)
+    validate_plan(sub, stops[l], start=l, nested=True)
 
 
 def peak_bytes(chain: Chain, plan: Plan) -> int:

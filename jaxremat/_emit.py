@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from jaxremat import _compat
-from jaxremat._chain import Plan
+from jaxremat._chain import Plan, validate_plan
 from jaxremat._trace import TracedChain
 
 
@@ -18,22 +18,13 @@ def emit(traced: TracedChain, plan: Plan) -> Callable[[Sequence[Any]], list[Any]
   Segment ``(l, r]`` evaluates the equations of layers ``l+1..r``; every segment but the
   last runs inside ``jax.checkpoint(prevent_cse=True)``, so only its inputs (the kept
   ``x_l`` and the parameters it reads) are saved for the backward pass and the rest is
-  recomputed. The last segment runs plainly: its residuals are needed first anyway.
+  recomputed. The last segment runs plainly: its residuals are needed first anyway. A
+  segment that ``plan.inner`` splits is itself a composition of sub-segments with
+  nested checkpoints (a multi-level plan).
   """
-  layers = traced.layers
-  segments = plan.segments(len(layers))
-  steps = []
-  for k, (l, r) in enumerate(segments):
-    seg = layers[l:r]
-    final = k == len(segments) - 1
-    eqns = [e for layer in seg for e in layer.eqns]
-    in_vars = list(dict.fromkeys([*seg[0].inputs, *(v for layer in seg for v in layer.invariants)]))
-    out_vars = list(dict.fromkeys([
-        *(() if final else seg[-1].outputs), *(v for layer in seg for v in layer.side_outputs)]))
-    fn = _compat.sub_function(eqns, in_vars, out_vars)
-    if not final:
-      fn = jax.checkpoint(fn, prevent_cse=True)
-    steps.append((fn, in_vars, out_vars))
+  n = len(traced.layers)
+  validate_plan(plan, n)
+  root, root_inputs, _ = _segment(traced, 0, n, plan)
   base_vars = [*traced.input_vars, *traced.const_vars]
   prelude = (
       _compat.sub_function(traced.prelude, base_vars, traced.prelude_outputs)
@@ -43,8 +34,39 @@ def emit(traced: TracedChain, plan: Plan) -> Callable[[Sequence[Any]], list[Any]
     env = dict(zip(base_vars, [*flat_inputs, *traced.consts]))
     if prelude is not None:
       env.update(zip(traced.prelude_outputs, prelude(*[env[v] for v in base_vars])))
-    for fn, in_vars, out_vars in steps:
-      env.update(zip(out_vars, fn(*[env[v] for v in in_vars])))
+    env.update(zip(_segment_outputs(traced, 0, n), root(*[env[v] for v in root_inputs])))
     return [a.val if isinstance(a, _compat.Literal) else env[a] for a in traced.outvars]
 
   return run
+
+
+def _segment_outputs(traced: TracedChain, l: int, r: int) -> list:
+  layers = traced.layers
+  carry = layers[r - 1].outputs if r < len(layers) else ()
+  return list(dict.fromkeys([*carry, *(v for layer in layers[l:r] for v in layer.side_outputs)]))
+
+
+def _segment(traced: TracedChain, l: int, r: int, plan: Plan | None):
+  """The function of layers ``l+1..r`` split by ``plan`` (``None``: run plainly)."""
+  layers = traced.layers[l:r]
+  in_vars = list(dict.fromkeys([*layers[0].inputs, *(v for layer in layers for v in layer.invariants)]))
+  out_vars = _segment_outputs(traced, l, r)
+  if plan is None or (not plan.checkpoints and not plan.inner):
+    eqns = [e for layer in layers for e in layer.eqns]
+    return _compat.sub_function(eqns, in_vars, out_vars), in_vars, out_vars
+  bounds = (l, *plan.checkpoints, r)
+  inner = dict(plan.inner)
+  children = []
+  for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+    fn, child_in, child_out = _segment(traced, a, b, inner.get(a))
+    if k < len(bounds) - 2:
+      fn = jax.checkpoint(fn, prevent_cse=True)
+    children.append((fn, child_in, child_out))
+
+  def composed(*args):
+    env = dict(zip(in_vars, args))
+    for fn, child_in, child_out in children:
+      env.update(zip(child_out, fn(*[env[v] for v in child_in])))
+    return [env[v] for v in out_vars]
+
+  return composed, in_vars, out_vars

@@ -127,3 +127,29 @@ def test_report_lists_every_layer_and_strategy():
   text = jaxremat.apply(model.apply, params, jnp.ones((4, 5))).report()
   for word in ("layers_0", "(relu)", "layers_4", "none", "every-layer", "sqrt", "optimal"):
     assert word in text
+
+
+@pytest.mark.parametrize("plan,regions", [
+    (jaxremat.Plan((6,), inner=((0, jaxremat.Plan((2, 4))),)), 3),
+    (jaxremat.Plan((3, 6), inner=((0, jaxremat.Plan((1,))),
+                                  (3, jaxremat.Plan((5,), inner=((3, jaxremat.Plan((4,))),))))), 5),
+    (jaxremat.Plan((), inner=((0, jaxremat.Plan((4,))),)), 1),
+], ids=["two-level", "three-level", "inner-only"])
+def test_nested_plans_give_equal_gradients(plan, regions):
+  model = zoo.mlp([64, 128, 32, 96, 48, 10])
+  x = jax.random.normal(KEY, (8, 20))
+  params = _init(model, x, {})
+  r = jaxremat.apply(model.apply, params, x, plan=plan)
+  want = jax.jit(jax.grad(_loss(model.apply, {})))(params, x)
+  got = jax.jit(jax.grad(_loss(r.fn, {})))(params, x)
+  _assert_trees_close(want, got, 1e-5)
+  forward = str(jax.make_jaxpr(r.fn)(params, x))
+  assert forward.count("prevent_cse=True") == regions  # one jax.checkpoint per remat segment
+
+
+def test_nested_plan_outside_its_segment_is_rejected():
+  model = zoo.mlp([8, 8, 8])
+  x = jnp.ones((2, 4))
+  bad = jaxremat.Plan((2,), inner=((0, jaxremat.Plan((3,))),))
+  with pytest.raises(jaxremat.InvalidPlanError, match=r"inner checkpoints \[3\] lie outside the segment \(0, 2\]"):
+    jaxremat.apply(model.apply, _init(model, x, {}), x, plan=bad)
