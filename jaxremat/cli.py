@@ -1,14 +1,16 @@
-"""The ``jaxremat`` command line: ``jaxremat demo``."""
+"""The ``jaxremat`` command line: ``jaxremat demo`` and ``jaxremat plan MODULE:ATTR``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,6 +98,43 @@ def format_demo(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def load_model(spec: str) -> Any:
+  """``MODULE:ATTR`` -> a Flax module: the attribute itself, or what calling it returns."""
+  module_name, _, attr = spec.partition(":")
+  if not module_name or not attr:
+    raise SystemExit(f"jaxremat plan: expected MODULE:ATTR (e.g. jaxremat.zoo:all_conv), got {spec!r}")
+  target = importlib.import_module(module_name)
+  for part in attr.split("."):
+    target = getattr(target, part)
+  if isinstance(target, nn.Module):
+    return target
+  model = target()
+  if not isinstance(model, nn.Module):
+    raise SystemExit(f"jaxremat plan: {spec} gave a {type(model).__name__}, not a flax.linen Module")
+  return model
+
+
+def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
+             budget_bytes: int | None) -> tuple[jaxremat.Remat, dict[str, Any]]:
+  """Profiles and solves the model at ``spec`` for a batch of ``batch_shape``."""
+  model = load_model(spec)
+  x = jax.random.normal(jax.random.key(1), tuple(batch_shape)).astype(dtype)
+  params = model.init(jax.random.key(0), x)
+  kwargs = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
+  r = jaxremat.apply(model.apply, params, x, method=method, budget_bytes=budget_bytes, **kwargs)
+  chain = r.chain
+  summary = {
+      "model": spec, "batch_shape": list(batch_shape), "dtype": dtype, "method": r.plan.method,
+      "checkpoints": list(r.plan.checkpoints), "predicted_total_bytes": r.predicted_total_bytes,
+      "fixed_bytes": r.fixed_bytes, "solve_seconds": r.solve_seconds,
+      "layers": [
+          {"name": chain.names[i], "output_bytes": chain.act_bytes[i + 1],
+           "residual_bytes": chain.res_bytes[i], "input_residual_bytes": chain.input_res_bytes[i],
+           "flops": chain.flops[i]} for i in range(chain.n)],
+  }
+  return r, summary
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="jaxremat", description=jaxremat.__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
@@ -105,7 +144,25 @@ def main(argv: Sequence[str] | None = None) -> int:
   demo.add_argument("--batch", type=int, default=32)
   demo.add_argument("--image-size", type=int, default=32)
   demo.add_argument("--json", action="store_true", help="print the result as JSON")
+  plan = sub.add_parser("plan", help="profile a Flax model by import path and print its plan")
+  plan.add_argument("model", help="MODULE:ATTR, a flax.linen Module or a callable returning one")
+  plan.add_argument("--batch-shape", required=True,
+                    help="comma-separated input shape, batch first (e.g. 32,32,32,3)")
+  plan.add_argument("--dtype", default="float32")
+  plan.add_argument("--method", default="optimal")
+  plan.add_argument("--budget", type=float, default=None, help="whole-step budget in bytes")
+  plan.add_argument("--json", action="store_true", help="print the plan and profile as JSON")
   args = parser.parse_args(argv)
+  if args.command == "plan":
+    shape = [int(d) for d in args.batch_shape.split(",") if d.strip()]
+    try:
+      r, summary = run_plan(args.model, shape, args.dtype, args.method,
+                            None if args.budget is None else int(args.budget))
+    except jaxremat.JaxrematError as err:
+      print(f"jaxremat plan: {type(err).__name__}: {err}", file=sys.stderr)
+      return 2
+    print(json.dumps(summary, indent=2) if args.json else r.report())
+    return 0
   if args.command == "demo":
     result = run_demo(args.model, args.width, args.batch, args.image_size)
     print(json.dumps(result, indent=2) if args.json else format_demo(result))

@@ -1,0 +1,136 @@
+"""Event-level simulator of forward, recompute and backward passes under a (nested) plan."""
+
+from __future__ import annotations
+
+from jaxremat._chain import Chain, Plan, validate_plan
+
+
+class _Memory:
+  """The live buffers (bytes) and the running peak of their sum."""
+
+  def __init__(self):
+    self.live: dict[tuple[str, int], int] = {}
+    self.total = 0
+    self.peak = 0
+
+  def alloc(self, key: tuple[str, int], size: int) -> None:
+    assert key not in self.live, key
+    self.live[key] = size
+    self.total += size
+    self.peak = max(self.peak, self.total)
+
+  def free(self, key: tuple[str, int]) -> None:
+    self.total -= self.live.pop(key)
+
+
+class _Run:
+  """One training step's forward and backward under a plan, event by event.
+
+  A node is a segment ``(l, r]`` with its sub-plan (``None``: a leaf). Buffers:
+  ``("x", c)`` a held checkpoint ``x_c`` (``a_c`` bytes), ``("res", i)`` layer ``i``'s
+  residuals (``b_i``, less ``e_{l+1}`` for the first layer of a leaf starting at ``l``,
+  whose input ``x_l`` is held), ``("g", i)`` the cotangent of ``x_i`` and ``("w", i)``
+  layer ``i``'s backward workspace. Activations passed between layers are transient and,
+  as in model R, not counted beyond the residuals that keep them.
+  """
+
+  def __init__(self, chain: Chain):
+    self.chain = chain
+    self.mem = _Memory()
+    self.runs = [0] * chain.n  # forward executions of layer i + 1
+
+  @staticmethod
+  def children(l: int, r: int, sub: Plan) -> list[tuple[int, int, Plan | None]]:
+    bounds = (l, *sub.checkpoints, r)
+    inner = dict(sub.inner)
+    return [(s, t, inner.get(s)) for s, t in zip(bounds[:-1], bounds[1:])]
+
+  def forward_discarding(self, l: int, r: int) -> None:
+    """Layers ``l+1..r`` under ``jax.checkpoint``: run once, nothing kept (nested ones too)."""
+    for i in range(l + 1, r + 1):
+      self.runs[i - 1] += 1
+
+  def forward(self, l: int, r: int, sub: Plan | None) -> None:
+    """Runs node ``(l, r]`` keeping what its backward needs first (``x_l`` is held)."""
+    if sub is None or not sub.checkpoints:
+      a = self.chain
+      for i in range(l + 1, r + 1):
+        self.runs[i - 1] += 1
+        own_input = a.input_res_bytes[l] if i == l + 1 else 0
+        self.mem.alloc(("res", i), a.res_bytes[i - 1] - own_input)
+      return
+    kids = self.children(l, r, sub)
+    for s, t, _ in kids[:-1]:
+      self.forward_discarding(s, t)
+      self.mem.alloc(("x", t), self.chain.act_bytes[t])
+    self.forward(*kids[-1])
+
+  def backward(self, l: int, r: int, sub: Plan | None) -> None:
+    """Backward of node ``(l, r]`` after ``forward``; ``g_r`` is live, ``g_l`` is left live."""
+    if sub is None or not sub.checkpoints:
+      a = self.chain
+      for i in range(r, l, -1):
+        self.mem.alloc(("w", i), a.workspace_bytes[i - 1])
+        self.mem.alloc(("g", i - 1), a.cot_bytes[i - 1])
+        self.mem.free(("w", i))
+        self.mem.free(("g", i))
+        self.mem.free(("res", i))
+      return
+    kids = self.children(l, r, sub)
+    for j in range(len(kids) - 1, -1, -1):
+      if j < len(kids) - 1:
+        self.forward(*kids[j])  # recompute from the held input
+      self.backward(*kids[j])
+      if j > 0:
+        self.mem.free(("x", kids[j][0]))
+
+  def step(self, plan: Plan) -> None:
+    n = self.chain.n
+    self.mem.alloc(("x", 0), self.chain.act_bytes[0])
+    self.forward(0, n, plan)
+    self.mem.alloc(("g", n), self.chain.cot_bytes[n])
+    self.backward(0, n, plan)
+    assert set(self.mem.live) == {("x", 0), ("g", 0)}, self.mem.live
+
+
+def _run(chain: Chain, plan: Plan) -> _Run:
+  validate_plan(plan, chain.n)
+  run = _Run(chain)
+  run.step(plan)
+  return run
+
+
+def simulate_peak_bytes(chain: Chain, plan: Plan) -> int:
+  """Peak live bytes of one forward and backward pass under a single- or multi-level plan.
+
+  Replays the pass event by event with explicit buffers: ``x_0`` is always held; a
+  checkpoint is held from when it is produced until the backward of the segment it
+  starts is done; a layer's residuals live from its (re)computation to its backward;
+  ``g_i``, ``g_{i-1}`` and ``w_i`` are live during layer ``i``'s backward. A segment
+  under ``jax.checkpoint`` keeps only its input when first run; in the backward pass it
+  is recomputed from that input, its own ``inner`` sub-segments again under nested
+  checkpoints. On single-level plans this equals ``peak_bytes`` (model R) exactly.
+
+  Args:
+    chain: the per-layer byte counts.
+    plan: a ``Plan``, possibly with ``inner`` (multi-level).
+
+  Returns:
+    The peak in bytes.
+
+  Raises:
+    InvalidPlanError: the plan does not fit the chain.
+  """
+  return _run(chain, plan).mem.peak
+
+
+def recompute_counts(chain: Chain, plan: Plan) -> list[int]:
+  """How many times each layer's forward runs beyond the first, ``[layer 1, .., layer n]``.
+
+  A layer runs once more for each enclosing segment (at any level) that is not the last
+  of its parent, i.e. that runs under its own ``jax.checkpoint``.
+
+  Raises:
+    InvalidPlanError: the plan does not fit the chain.
+  """
+  return [k - 1 for k in _run(chain, plan).runs]
