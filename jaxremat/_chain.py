@@ -172,7 +172,14 @@ def peak_bytes(chain: Chain, plan: Plan) -> int:
 
 
 def recompute_flops(chain: Chain, plan: Plan) -> int:
-  """FLOPs recomputed by ``plan``: every layer of every non-final segment runs twice."""
+  """FLOPs recomputed by ``plan``: every layer of every non-final segment runs twice.
+
+  For a multi-level plan a layer reruns once per enclosing segment, at any level, that
+  is not the last of its parent: the sum of ``recompute_counts`` times the layer FLOPs.
+  """
   validate_plan(plan, chain.n)
+  if plan.is_nested:
+    from jaxremat._simulate import recompute_counts  # _simulate imports this module
+    return sum(k * f for k, f in zip(recompute_counts(chain, plan), chain.flops))
   last = plan.checkpoints[-1] if plan.checkpoints else 0
   return sum(chain.flops[:last])

@@ -52,7 +52,7 @@ class _Run:
 
   def forward(self, l: int, r: int, sub: Plan | None) -> None:
     """Runs node ``(l, r]`` keeping what its backward needs first (``x_l`` is held)."""
-    if sub is None or not sub.checkpoints:
+    if sub is None:
       a = self.chain
       for i in range(l + 1, r + 1):
         self.runs[i - 1] += 1
@@ -67,7 +67,7 @@ class _Run:
 
   def backward(self, l: int, r: int, sub: Plan | None) -> None:
     """Backward of node ``(l, r]`` after ``forward``; ``g_r`` is live, ``g_l`` is left live."""
-    if sub is None or not sub.checkpoints:
+    if sub is None:
       a = self.chain
       for i in range(r, l, -1):
         self.mem.alloc(("w", i), a.workspace_bytes[i - 1])

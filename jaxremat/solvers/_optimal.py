@@ -37,6 +37,8 @@ def solve_optimal(chain: Chain) -> Plan:
   f = [0] * (n + 1)
   choice = [n] * (n + 1)
   q = 0  # crossing: the nearest block with xs[q] - c >= ys[q]
+  push_x, push_y, push_r = xs.append, ys.append, rs.append
+  pop_x, pop_y, pop_r = xs.pop, ys.pop, rs.pop
   for l in range(n - 1, -1, -1):
     r_new = l + 1
     x_new = h[r_new]
@@ -44,19 +46,23 @@ def solve_optimal(chain: Chain) -> Plan:
     while xs and (xs[-1] <= x_new or ys[-1] >= y_new):
       if xs[-1] <= x_new and ys[-1] < y_new:  # merged into the new block
         y_new, r_new = ys[-1], rs[-1]
-      xs.pop()
-      ys.pop()
-      rs.pop()
-    xs.append(x_new)
-    ys.append(y_new)
-    rs.append(r_new)
+      pop_x()
+      pop_y()
+      pop_r()
+    push_x(x_new)
+    push_y(y_new)
+    push_r(r_new)
     cl = c[l]
-    q = max(0, min(q, len(xs) - 2))
     top = len(xs) - 1
+    if q > top - 1:
+      q = top - 1 if top > 0 else 0
     while q < top and xs[q + 1] - cl >= ys[q + 1]:
       q += 1
-    best, best_r = xs[q] - cl, rs[q]
+    best = xs[q] - cl
+    best_r = rs[q]
     if q < top and ys[q + 1] < best:
-      best, best_r = ys[q + 1], rs[q + 1]
-    f[l], choice[l] = best, best_r
+      best = ys[q + 1]
+      best_r = rs[q + 1]
+    f[l] = best
+    choice[l] = best_r
   return Plan(plan_from_choices(choice, n), method="optimal")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+
+import numpy as np
 
 from jaxremat._chain import Chain
 
@@ -23,9 +26,14 @@ class Terms:
 def terms(chain: Chain) -> Terms:
   n = chain.n
   b, g, e, w = chain.res_bytes, chain.cot_bytes, chain.input_res_bytes, chain.workspace_bytes
-  prefix = [0] * (n + 1)
-  for i in range(1, n + 1):
-    prefix[i] = prefix[i - 1] + b[i - 1]
+  bound = sum(b) + 2 * max(g, default=0) + max(w, default=0) + max(e, default=0)
+  if bound < 2**62:  # int64 cannot overflow: vectorised
+    prefix = np.concatenate(([0], np.cumsum(np.asarray(b, dtype=np.int64))))
+    g64 = np.asarray(g, dtype=np.int64)
+    h = np.concatenate(([0], prefix[1:] + np.asarray(w, dtype=np.int64) + g64[1:] + g64[:-1]))
+    c = prefix[:-1] + np.asarray(e, dtype=np.int64)
+    return Terms(h=h.tolist(), c=c.tolist())
+  prefix = [0, *itertools.accumulate(b)]
   h = [0] + [prefix[i] + w[i - 1] + g[i] + g[i - 1] for i in range(1, n + 1)]
   c = [prefix[l] + e[l] for l in range(n)]
   return Terms(h=h, c=c)
