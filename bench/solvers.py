@@ -32,17 +32,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmark this checkout, not an installed copy
 
 import jaxremat  # noqa: E402
-from jaxremat import Chain, peak_bytes, recompute_flops  # noqa: E402
+from jaxremat import Chain, recompute_flops  # noqa: E402
+from jaxremat import simulate_peak_bytes as peak_bytes  # noqa: E402  (nested plans too)
 from jaxremat.solvers import BUDGET_SOLVERS, SOLVERS, solve  # noqa: E402
 
 FULL_SIZES = (4, 8, 12, 16, 20, 100, 300, 1000, 3000, 10**4, 3 * 10**4, 10**5, 3 * 10**5, 10**6)
 QUICK_SIZES = (4, 8, 12, 100, 1000, 10**4)
 # Largest n each method is timed at (None: no limit).
 FULL_LIMITS = {"brute": 20, "brute-a": 20, "quadratic": 3000, "best-uniform": 3000,
-               "dp": 3 * 10**4, "budget": 10**5}
+               "dp": 3 * 10**4, "budget": 10**5, "multilevel": 300}
 QUICK_LIMITS = {"brute": 12, "brute-a": 12, "quadratic": 1000, "best-uniform": 1000,
-                "dp": 10**4, "budget": 10**4}
-METHOD_ORDER = ("optimal", "quadratic", "brute", "budget", "dp", "brute-a", "best-uniform",
+                "dp": 10**4, "budget": 10**4, "multilevel": 100}
+METHOD_ORDER = ("optimal", "quadratic", "brute", "budget", "multilevel", "dp", "brute-a", "best-uniform",
                 "chen-greedy", "sqrt", "every-layer", "none")
 MAX_BYTES = 1 << 24
 MAX_FLOPS = 1 << 30

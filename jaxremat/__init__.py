@@ -20,6 +20,8 @@ from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
 from jaxremat._measure import Footprint as Footprint
 from jaxremat._measure import compile_footprint as compile_footprint
 from jaxremat._measure import measure as measure
+from jaxremat._simulate import recompute_counts as recompute_counts
+from jaxremat._simulate import simulate_peak_bytes as simulate_peak_bytes
 from jaxremat.solvers import pareto as pareto
 from jaxremat.solvers import solve as solve
 
@@ -46,6 +48,8 @@ __all__ = (
     "measure",
     "pareto",
     "peak_bytes",
+    "recompute_counts",
     "recompute_flops",
+    "simulate_peak_bytes",
     "solve",
 )

@@ -15,6 +15,7 @@ from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops, validate_p
 from jaxremat._emit import emit
 from jaxremat._errors import InfeasibleBudgetError, InputMismatchError, InvalidBudgetError, JaxrematError
 from jaxremat._estimate import estimate_temp_bytes
+from jaxremat._simulate import simulate_peak_bytes
 from jaxremat._profile import Buffers, profile
 from jaxremat._refine import refine as refine_plan
 from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
@@ -51,8 +52,8 @@ class Remat:
 
   @property
   def predicted_peak_bytes(self) -> int:
-    """Model R's activation peak of the plan (bytes)."""
-    return peak_bytes(self.chain, self.plan)
+    """Model R's activation peak of the plan (bytes; the simulator's for nested plans)."""
+    return simulate_peak_bytes(self.chain, self.plan)
 
   @property
   def predicted_total_bytes(self) -> int:
@@ -64,8 +65,11 @@ class Remat:
 
     Arguments (params, batch, array kwargs) and the parameter gradients are held for the
     whole step; on top of them the temp bytes peak as model R's live buffers less those
-    XLA can place in gradient buffers not yet written (``_estimate``).
+    XLA can place in gradient buffers not yet written (``_estimate``). A multi-level
+    plan is predicted by the event simulator of model R instead (no hosting).
     """
+    if plan.is_nested:
+      return self.fixed_bytes + simulate_peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
     return self.fixed_bytes + estimate_temp_bytes(self.chain, self.buffers, plan)
 
   def report(self) -> str:
@@ -87,7 +91,7 @@ class Remat:
     for method in dict.fromkeys([*REPORTED_METHODS, self.plan.method]):
       plan = self.plan if method == self.plan.method else solve(chain, method)
       lines.append(
-          f"{method:<14}{len(plan.checkpoints):>12}{_fmt(peak_bytes(chain, plan)):>16}"
+          f"{method:<14}{len(plan.checkpoints):>12}{_fmt(simulate_peak_bytes(chain, plan)):>16}"
           f"{_fmt(self.predict_total_bytes(plan)):>18}{recompute_flops(chain, plan) / 1e9:>18.3f}")
     lines.append(f"chosen: {self.plan.method} checkpoints={list(self.plan.checkpoints)}")
     return "\n".join(lines)

@@ -50,46 +50,64 @@ class _Run:
     for i in range(l + 1, r + 1):
       self.runs[i - 1] += 1
 
-  def forward(self, l: int, r: int, sub: Plan | None) -> None:
-    """Runs node ``(l, r]`` keeping what its backward needs first (``x_l`` is held)."""
-    if sub is None:
-      a = self.chain
-      for i in range(l + 1, r + 1):
-        self.runs[i - 1] += 1
-        own_input = a.input_res_bytes[l] if i == l + 1 else 0
-        self.mem.alloc(("res", i), a.res_bytes[i - 1] - own_input)
-      return
-    kids = self.children(l, r, sub)
-    for s, t, _ in kids[:-1]:
-      self.forward_discarding(s, t)
-      self.mem.alloc(("x", t), self.chain.act_bytes[t])
-    self.forward(*kids[-1])
+  def forward_leaf(self, l: int, r: int) -> None:
+    """Layers ``l+1..r`` keeping all their residuals (``x_l`` is held)."""
+    a = self.chain
+    for i in range(l + 1, r + 1):
+      self.runs[i - 1] += 1
+      own_input = a.input_res_bytes[l] if i == l + 1 else 0
+      self.mem.alloc(("res", i), a.res_bytes[i - 1] - own_input)
 
-  def backward(self, l: int, r: int, sub: Plan | None) -> None:
-    """Backward of node ``(l, r]`` after ``forward``; ``g_r`` is live, ``g_l`` is left live."""
-    if sub is None:
-      a = self.chain
-      for i in range(r, l, -1):
-        self.mem.alloc(("w", i), a.workspace_bytes[i - 1])
-        self.mem.alloc(("g", i - 1), a.cot_bytes[i - 1])
-        self.mem.free(("w", i))
-        self.mem.free(("g", i))
-        self.mem.free(("res", i))
-      return
-    kids = self.children(l, r, sub)
-    for j in range(len(kids) - 1, -1, -1):
-      if j < len(kids) - 1:
-        self.forward(*kids[j])  # recompute from the held input
-      self.backward(*kids[j])
-      if j > 0:
-        self.mem.free(("x", kids[j][0]))
+  def backward_leaf(self, l: int, r: int) -> None:
+    """Layers ``r..l+1`` backward; ``g_r`` is live before, ``g_l`` is left live."""
+    a = self.chain
+    for i in range(r, l, -1):
+      self.mem.alloc(("w", i), a.workspace_bytes[i - 1])
+      self.mem.alloc(("g", i - 1), a.cot_bytes[i - 1])
+      self.mem.free(("w", i))
+      self.mem.free(("g", i))
+      self.mem.free(("res", i))
 
   def step(self, plan: Plan) -> None:
+    """Forward of the root ``(0, n]`` then its backward, with an explicit task stack.
+
+    Forward of a node: every sub-segment but the last runs under its checkpoint and
+    leaves its output held, then the last one runs forward per its own structure.
+    Backward of a node: the last sub-segment's backward, then for each earlier one from
+    right to left its recomputation from its held input and its backward; a
+    sub-segment's held input is freed when its backward is done.
+    """
     n = self.chain.n
     self.mem.alloc(("x", 0), self.chain.act_bytes[0])
-    self.forward(0, n, plan)
-    self.mem.alloc(("g", n), self.chain.cot_bytes[n])
-    self.backward(0, n, plan)
+    tasks: list[tuple] = [("bwd", 0, n, plan), ("seed",), ("fwd", 0, n, plan)]
+    while tasks:
+      kind, *args = tasks.pop()
+      if kind == "seed":
+        self.mem.alloc(("g", n), self.chain.cot_bytes[n])
+      elif kind == "free":
+        self.mem.free(("x", args[0]))
+      elif kind == "fwd":
+        l, r, sub = args
+        if sub is None:
+          self.forward_leaf(l, r)
+          continue
+        kids = self.children(l, r, sub)
+        for s, t, _ in kids[:-1]:
+          self.forward_discarding(s, t)
+          self.mem.alloc(("x", t), self.chain.act_bytes[t])
+        tasks.append(("fwd", *kids[-1]))
+      else:
+        l, r, sub = args
+        if sub is None:
+          self.backward_leaf(l, r)
+          continue
+        kids = self.children(l, r, sub)
+        for j, kid in enumerate(kids):  # pushed left to right: run right to left
+          if j > 0:
+            tasks.append(("free", kid[0]))
+          tasks.append(("bwd", *kid))
+          if j < len(kids) - 1:
+            tasks.append(("fwd", *kid))  # recompute from the held input
     assert set(self.mem.live) == {("x", 0), ("g", 0)}, self.mem.live
 
 

@@ -14,6 +14,7 @@ from jaxremat.solvers._budget import solve_budget
 from jaxremat.solvers._dp import solve_dp
 from jaxremat.solvers._greedy import solve_chen_greedy
 from jaxremat.solvers._model_a import cost_a
+from jaxremat.solvers._multilevel import solve_multilevel
 from jaxremat.solvers._optimal import solve_optimal
 from jaxremat.solvers._pareto import pareto
 from jaxremat.solvers._quadratic import solve_quadratic
@@ -29,6 +30,7 @@ SOLVERS: dict[str, Callable[[Chain], Plan]] = {
     "sqrt": solve_sqrt,
     "best-uniform": solve_best_uniform,
     "chen-greedy": solve_chen_greedy,
+    "multilevel": solve_multilevel,
 }
 
 # Methods that need ``budget_bytes`` (bytes of model-R peak allowed).
@@ -53,6 +55,10 @@ def solve(chain: Chain, method: str = "optimal", *,
       - baselines: ``"none"``, ``"every-layer"``, ``"sqrt"`` (Chen 2016),
         ``"best-uniform"`` (the best checkpoint-every-k plan), ``"chen-greedy"``
         (Chen 2016's greedy with its threshold search);
+      - ``"multilevel"``: the least peak over nested (multi-level) plans, whose
+        ``Plan.inner`` splits recomputed segments again; scored by
+        ``jaxremat._simulate.simulate_peak_bytes`` (model R on single-level plans),
+        never above ``"optimal"``; O(n^3), n <= 400;
       - ``"budget"``: the fewest recomputed FLOPs with ``peak_bytes <= budget_bytes``.
     budget_bytes: the peak allowed (bytes, model R); required by ``"budget"`` and
       refused by every other method.
@@ -95,6 +101,6 @@ def solve(chain: Chain, method: str = "optimal", *,
 __all__ = [
     "BUDGET_SOLVERS", "SOLVERS", "cost_a", "pareto", "solve", "solve_best_uniform",
     "solve_brute", "solve_brute_a", "solve_budget", "solve_chen_greedy", "solve_dp",
-    "solve_every_layer", "solve_none", "solve_optimal", "solve_quadratic", "solve_sqrt",
-    "uniform_plan",
+    "solve_every_layer", "solve_multilevel", "solve_none", "solve_optimal", "solve_quadratic",
+    "solve_sqrt", "uniform_plan",
 ]
