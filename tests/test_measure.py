@@ -110,3 +110,21 @@ def test_verify_keeps_the_candidate_xla_measures_smallest(cnn):
   assert r.verified and len(r.verified) >= 2
   assert r.verified[r.plan.checkpoints] == min(r.verified.values())
   assert jaxremat.measure(_loss(r.fn), params, x).total_bytes <= min(r.verified.values())
+
+
+def test_multilevel_plan_keeps_gradients_and_lowers_model_peak(cnn):
+  """Nested remat regions give the plain gradients; the simulated peak is lower.
+
+  XLA's footprint of the nested plan is not always lower (all-conv: -4.2% at batch 16,
+  +4.6% at batch 8; docs/memory-model.md), so that is recorded, not asserted.
+  """
+  model, params, x = cnn
+  single = jaxremat.apply(model.apply, params, x, refine=False)
+  multi = jaxremat.apply(model.apply, params, x, method="multilevel")
+  assert multi.plan.is_nested
+  assert multi.predicted_peak_bytes < single.predicted_peak_bytes
+  want = jax.grad(_loss(model.apply))(params, x)
+  got = jax.grad(_loss(multi.fn))(params, x)
+  for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+    assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert jaxremat.measure(_loss(multi.fn), params, x).total_bytes > 0
