@@ -114,7 +114,7 @@ def apply(
     plan: Plan | None = None,
     layer_depth: int | None = None,
     refine: bool = True,
-    verify: bool = False,
+    verify: bool | None = None,
     calibrate: bool = False,
     **model_kwargs: Any,
 ) -> Remat:
@@ -140,8 +140,9 @@ def apply(
     verify: compile the training step (``jax.grad`` of a sum of mean squares of the
       float outputs) for the chosen plan, model R's optimum and the three best uniform
       plans by the estimate, and keep the one XLA measures smallest (ties: least
-      recompute). Costs one whole-step compile per candidate; the figures are kept in
-      ``Remat.verified``.
+      recompute). With ``budget_bytes``, instead tighten the plan until XLA's footprint
+      fits the budget. Costs one whole-step compile per candidate; the figures are kept
+      in ``Remat.verified``. Default: on with ``budget_bytes``, off otherwise.
     calibrate: compile each layer's backward alone and add what XLA's temp needs beyond
       its residuals as workspace (one small compile per layer; helps where XLA expands
       an operation, e.g. max-pool gradients on CPU, and overestimates elsewhere).
@@ -165,8 +166,17 @@ def apply(
   chain = prof.chain
   start = time.perf_counter()
   fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
+  key = _key(params, batch, model_kwargs)
+  verified = None
+  if verify is None:
+    verify = budget_bytes is not None
   if plan is None and budget_bytes is not None:
     plan = _solve_within(chain, budget_bytes, fixed, method)
+    if verify:
+      plan, verified = _fit_measured(
+          chain, plan, budget_bytes, fixed,
+          lambda p: measure(_scalar_loss(_DropIn(model_fn, p, layer_depth, traced, key),
+                                         model_kwargs), params, batch).total_bytes)
   elif plan is None:
     plan = solve(chain, method)
     if method == "optimal":
@@ -178,8 +188,6 @@ def apply(
   else:
     validate_plan(plan, chain.n)
   seconds = time.perf_counter() - start
-  key = _key(params, batch, model_kwargs)
-  verified = None
   if verify and method == "optimal" and budget_bytes is None:
     candidates = [plan, solve(chain, "optimal"), *_best_uniform_plans(chain, prof.buffers, 3)]
     verified = {}
@@ -229,6 +237,35 @@ def _solve_within(chain: Chain, budget_bytes: int, fixed_bytes: int, method: str
         "the batch, or use a multi-level plan.",
         budget_bytes=budget_bytes, min_feasible_bytes=least) from None
   return plan
+
+
+_FIT_ROUNDS = 6  # whole-step compiles at most, when fitting a budget to XLA's figure
+
+
+def _fit_measured(chain: Chain, plan: Plan, budget_bytes: int, fixed_bytes: int,
+                  measured_bytes: Callable[[Plan], int]) -> tuple[Plan, dict]:
+  """Tightens the model-R budget until XLA's footprint of the plan fits ``budget_bytes``.
+
+  Each round measures the plan; when XLA's figure exceeds the budget by ``d`` bytes, the
+  model-R budget is lowered by ``d`` and the plan solved again.
+  """
+  seen: dict[tuple[int, ...], int] = {}
+  model_budget = budget_bytes
+  for _ in range(_FIT_ROUNDS):
+    seen[plan.checkpoints] = measured = measured_bytes(plan)
+    if measured <= budget_bytes:
+      return plan, seen
+    model_budget -= measured - budget_bytes
+    try:
+      plan = _solve_within(chain, model_budget, fixed_bytes, "budget")
+    except InfeasibleBudgetError:
+      break
+  least = min(seen.values())
+  raise InfeasibleBudgetError(
+      f"budget_bytes={budget_bytes}: no plan jaxremat tried fits it as XLA compiles the "
+      f"step; the least XLA-measured footprint among them is {least} bytes "
+      f"({least / 2**30:.3f} GiB). Raise the budget or shrink the batch.",
+      budget_bytes=budget_bytes, min_feasible_bytes=least)
 
 
 def _check_arrays(what: str, tree: Any) -> None:
