@@ -171,10 +171,18 @@ def apply(
   if verify is None:
     verify = budget_bytes is not None
   if plan is None and budget_bytes is not None:
-    plan = _solve_within(chain, budget_bytes, fixed, method)
+    try:
+      plan = _solve_within(chain, budget_bytes, fixed, method)
+    except InfeasibleBudgetError:
+      if not verify or budget_bytes < fixed:  # below parameters, batch and gradients
+        raise
+      plan = None  # model R says no; XLA may still fit one of the fallback plans
     if verify:
+      least = solve(chain, "optimal")
+      fallback = [refine_plan(chain, prof.buffers, least), least,
+                  *_best_uniform_plans(chain, prof.buffers, 3)]
       plan, verified = _fit_measured(
-          chain, plan, budget_bytes, fixed,
+          chain, plan, budget_bytes, fixed, fallback,
           lambda p: measure(_scalar_loss(_DropIn(model_fn, p, layer_depth, traced, key),
                                          model_kwargs), params, batch).total_bytes)
   elif plan is None:
@@ -242,16 +250,17 @@ def _solve_within(chain: Chain, budget_bytes: int, fixed_bytes: int, method: str
 _FIT_ROUNDS = 6  # whole-step compiles at most, when fitting a budget to XLA's figure
 
 
-def _fit_measured(chain: Chain, plan: Plan, budget_bytes: int, fixed_bytes: int,
-                  measured_bytes: Callable[[Plan], int]) -> tuple[Plan, dict]:
+def _fit_measured(chain: Chain, plan: Plan | None, budget_bytes: int, fixed_bytes: int,
+                  fallback: list[Plan], measured_bytes: Callable[[Plan], int]) -> tuple[Plan, dict]:
   """Tightens the model-R budget until XLA's footprint of the plan fits ``budget_bytes``.
 
   Each round measures the plan; when XLA's figure exceeds the budget by ``d`` bytes, the
-  model-R budget is lowered by ``d`` and the plan solved again.
+  model-R budget is lowered by ``d`` and the plan solved again. When model R runs out of
+  plans first, the ``fallback`` plans that fit are tried, least recompute first.
   """
   seen: dict[tuple[int, ...], int] = {}
   model_budget = budget_bytes
-  for _ in range(_FIT_ROUNDS):
+  for _ in range(_FIT_ROUNDS if plan is not None else 0):
     seen[plan.checkpoints] = measured = measured_bytes(plan)
     if measured <= budget_bytes:
       return plan, seen
@@ -260,6 +269,12 @@ def _fit_measured(chain: Chain, plan: Plan, budget_bytes: int, fixed_bytes: int,
       plan = _solve_within(chain, model_budget, fixed_bytes, "budget")
     except InfeasibleBudgetError:
       break
+  for candidate in sorted(dict.fromkeys(Plan(p.checkpoints) for p in fallback),
+                          key=lambda p: recompute_flops(chain, p)):
+    if candidate.checkpoints not in seen:
+      seen[candidate.checkpoints] = measured_bytes(candidate)
+    if seen[candidate.checkpoints] <= budget_bytes:
+      return Plan(candidate.checkpoints, method="budget"), seen
   least = min(seen.values())
   raise InfeasibleBudgetError(
       f"budget_bytes={budget_bytes}: no plan jaxremat tried fits it as XLA compiles the "

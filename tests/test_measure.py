@@ -100,7 +100,10 @@ def test_budget_plan_fits_its_budget_and_infeasible_budget_says_the_least():
   measured = jaxremat.measure(_loss(r.fn), params, x).total_bytes
   assert measured <= budget, (measured, budget)
   with pytest.raises(jaxremat.InfeasibleBudgetError, match=f"least footprint any plan reaches, {least} bytes") as err:
-    jaxremat.apply(model.apply, params, x, budget_bytes=least - 1)
+    jaxremat.apply(model.apply, params, x, budget_bytes=least - 1, verify=False)  # model R alone
+  assert err.value.min_feasible_bytes == least
+  with pytest.raises(jaxremat.InfeasibleBudgetError, match="least footprint any plan reaches") as err:
+    jaxremat.apply(model.apply, params, x, budget_bytes=r.fixed_bytes - 1)  # below the fixed bytes
   assert err.value.min_feasible_bytes == least
 
 
