@@ -179,7 +179,7 @@ def _group(eqns, layer_depth):
       prims = list(dict.fromkeys(_eqn_label(e) for e in group))
       name = "(" + ",".join(prims[:3]) + (",..." if len(prims) > 3 else "") + ")"
     else:
-      name = "/".join(key[layer_depth:]) if layer_depth else "/".join(key)
+      name = "/".join(key[1:]) if layer_depth else "/".join(key)  # the root module is implied
     seen[name] = seen.get(name, 0) + 1
     named.append((name if seen[name] == 1 else f"{name}#{seen[name]}", group))
   return named

@@ -153,3 +153,14 @@ def test_nested_plan_outside_its_segment_is_rejected():
   bad = jaxremat.Plan((2,), inner=((0, jaxremat.Plan((3,))),))
   with pytest.raises(jaxremat.InvalidPlanError, match=r"inner checkpoints \[3\] lie outside the segment \(0, 2\]"):
     jaxremat.apply(model.apply, _init(model, x, {}), x, plan=bad)
+
+
+def test_layer_depth_splits_children_into_their_submodules():
+  inner = lambda: nn.Sequential([nn.Dense(8), nn.relu, nn.Dense(8)])  # noqa: E731
+  model = nn.Sequential([inner(), inner()])
+  x = jnp.ones((2, 3))
+  params = _init(model, x, {})
+  assert jaxremat.apply(model.apply, params, x).chain.names == ("layers_0", "layers_1")
+  r = jaxremat.apply(model.apply, params, x, layer_depth=2, method="every-layer")
+  assert r.chain.names[0] == "layers_0/layers_0" and r.chain.n == 6
+  _assert_trees_close(jax.grad(_loss(model.apply, {}))(params, x), jax.grad(_loss(r.fn, {}))(params, x), 1e-5)
