@@ -60,9 +60,15 @@ def all_plans(n):
   return [cps for k in range(max(n, 1)) for cps in itertools.combinations(range(1, n), k)]
 
 
-def random_chain(rng: random.Random, n: int, refine: bool, flop_pool=(0, 1, 1, 3, 10)) -> Chain:
-  """A chain of ``n`` layers with values from one random pool (plus refinements)."""
+def random_chain(rng: random.Random, n: int, refine: bool, flop_pool=(0, 1, 1, 3, 10),
+                 flop_pools=None) -> Chain:
+  """A chain of ``n`` layers with values from one random pool (plus refinements).
+
+  With ``flop_pools``, the FLOPs come from one of them, drawn right after the byte pool.
+  """
   pool = rng.choice(POOLS)
+  if flop_pools is not None:
+    flop_pool = rng.choice(flop_pools)
   a = [rng.choice(pool) for _ in range(n + 1)]
   b = [rng.choice(pool) for _ in range(n)]
   flops = [rng.choice(flop_pool) for _ in range(n)]

@@ -16,7 +16,8 @@ from jaxremat._errors import InfeasibleBudgetError, InvalidBudgetError
 from jaxremat.solvers import BUDGET_SOLVERS, SOLVERS, pareto
 from jaxremat.solvers._budget import least_last_checkpoint, least_peak_plan
 
-from oracles import POOLS, all_plans, literal_peak_of  # noqa: E402
+from oracles import all_plans, literal_peak_of  # noqa: E402
+from oracles import random_chain as oracle_random_chain  # noqa: E402
 
 FLOP_POOLS = ([0], [0, 1], [1], [0, 0, 5], [1, 2, 3, 10], [10**12, 3 * 10**12])
 
@@ -46,16 +47,7 @@ def brute_frontier(scored):
 
 
 def random_chain(rng: random.Random, n: int, refine: bool) -> Chain:
-  pool = rng.choice(POOLS)
-  fpool = rng.choice(FLOP_POOLS)
-  a = [rng.choice(pool) for _ in range(n + 1)]
-  b = [rng.choice(pool) for _ in range(n)]
-  flops = [rng.choice(fpool) for _ in range(n)]
-  if not refine:
-    return Chain(a, b, flops=flops)
-  return Chain(a, b, cot_bytes=[rng.choice(pool) for _ in range(n + 1)],
-               input_res_bytes=[rng.choice((0, x, rng.randint(0, x))) for x in b],
-               workspace_bytes=[rng.choice(pool) for _ in range(n)], flops=flops)
+  return oracle_random_chain(rng, n, refine, flop_pools=FLOP_POOLS)
 
 
 @functools.cache
