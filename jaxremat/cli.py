@@ -12,20 +12,14 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import jaxremat
 from jaxremat import zoo
+from jaxremat._api import _scalar_loss
 
 DEMO_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "apply")
 DEMO_MODELS = ("all-conv", *sorted(zoo.VGG_CONFIGS))
-
-
-def _loss_of(fn):
-  def loss(params, x):
-    return jnp.mean(jnp.square(fn(params, x).astype(jnp.float32)))
-  return loss
 
 
 def _max_rel_error(want: Any, got: Any) -> float:
@@ -49,13 +43,13 @@ def run_demo(model_name: str, width: float, batch: int, image_size: int) -> dict
   start = time.perf_counter()
   r = jaxremat.apply(model.apply, params, x)
   profile_seconds = time.perf_counter() - start
-  want = jax.jit(jax.grad(_loss_of(model.apply)))(params, x)
+  want = jax.jit(jax.grad(_scalar_loss(model.apply, {})))(params, x)
   rows = []
   for method in DEMO_METHODS:
     plan = r.plan if method == "apply" else jaxremat.solve(r.chain, method)
     rm = jaxremat.apply(model.apply, params, x, plan=plan)
-    footprint = jaxremat.measure(_loss_of(rm.fn), params, x)
-    got = jax.jit(jax.grad(_loss_of(rm.fn)))(params, x)
+    footprint = jaxremat.measure(_scalar_loss(rm.fn, {}), params, x)
+    got = jax.jit(jax.grad(_scalar_loss(rm.fn, {})))(params, x)
     rows.append({
         "method": method,
         "checkpoints": list(plan.checkpoints),
