@@ -163,7 +163,7 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
   own_inputs, own_outputs = set(), set()
   computed = []
   seen = set()
-  for atom in res_atoms:
+  for atom in _as_kept_by_xla(jaxpr, res_atoms, out_atoms):
     if isinstance(atom, _compat.Literal) or atom in seen or atom in constvars or atom not in varying:
       continue  # constants (e.g. the zeros relu's VJP selects from) fuse away in XLA
     seen.add(atom)
@@ -181,6 +181,42 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
       if out_atom is atom:
         own_outputs.add(out_vars[k])
   return LayerResiduals(total, own_input, frozenset(own_inputs), frozenset(own_outputs), tuple(computed))
+
+
+#: Primitives XLA fuses into their consumer (elementwise maps, broadcasts, bitcasts).
+_FUSIBLE = frozenset({
+    "abs", "add", "and", "broadcast_in_dim", "convert_element_type", "div", "eq", "exp",
+    "expand_dims", "ge", "gt", "integer_pow", "le", "log", "logistic", "lt", "max", "min", "mul",
+    "ne", "neg", "not", "or", "reshape", "rsqrt", "select_n", "sign", "sqrt", "square",
+    "squeeze", "sub", "tanh",
+})
+
+
+def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
+  """The values XLA keeps for the backward pass in place of ``res_atoms``.
+
+  A residual the forward computes only for the backward (no forward consumer) by a
+  fusible op, such as relu's mask ``x > 0`` or tanh's ``1 - y``, is fused into its
+  backward consumer: XLA keeps the op's operands instead (here ``x`` and ``y``), which
+  may be larger (a bool mask becomes its f32 source) or smaller (a broadcast becomes
+  its source vector). Applied recursively through single-use fusible producers.
+  """
+  producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+  uses: dict = {}
+  for e in jaxpr.eqns:
+    for v in e.invars:
+      if not isinstance(v, _compat.Literal):
+        uses[v] = uses.get(v, 0) + 1
+  forward_out = {v for v in out_atoms if not isinstance(v, _compat.Literal)}
+
+  def kept(atom, only_backward: bool) -> list:
+    eqn = None if isinstance(atom, _compat.Literal) else producer.get(atom)
+    if not only_backward or eqn is None or eqn.primitive.name not in _FUSIBLE or atom in forward_out:
+      return [atom]
+    return [k for v in eqn.invars if not isinstance(v, _compat.Literal)
+            for k in kept(v, uses.get(v, 0) == 1)]
+
+  return [k for atom in res_atoms for k in kept(atom, uses.get(atom, 0) == 0)]
 
 
 def _input_dependent(jaxpr) -> set:

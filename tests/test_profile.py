@@ -1,0 +1,36 @@
+"""Per-layer residual bytes as XLA keeps them, checked against the layers' shapes."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+import jaxremat
+
+
+def _chain(model, x):
+  params = model.init(jax.random.key(0), x)
+  return jaxremat.apply(model.apply, params, x, method="none").chain
+
+
+def test_relu_keeps_its_f32_input_not_a_bool_mask():
+  # relu's VJP saves the mask x > 0; XLA fuses the comparison into the backward
+  # select and keeps x itself, 4 bytes an element.
+  x = jnp.ones((8, 64))
+  chain = _chain(nn.Sequential([nn.Dense(32), nn.relu, nn.Dense(16)]), x)
+  assert chain.names[1] == "(relu)"
+  assert chain.res_bytes[1] == 8 * 32 * 4
+  assert chain.input_res_bytes[1] == 8 * 32 * 4
+
+
+def test_tanh_keeps_one_output_buffer():
+  # tanh's VJP saves y and 1 - y; the second fuses into the backward, leaving y.
+  x = jnp.ones((8, 64))
+  chain = _chain(nn.Sequential([nn.Dense(32), jnp.tanh, nn.Dense(16)]), x)
+  assert chain.res_bytes[1] == 8 * 32 * 4
+
+
+def test_bf16_relu_keeps_its_bf16_input():
+  x = jnp.ones((8, 64), jnp.bfloat16)
+  chain = _chain(nn.Sequential([nn.Dense(32, dtype=jnp.bfloat16), nn.relu,
+                                nn.Dense(16, dtype=jnp.bfloat16)]), x)
+  assert chain.res_bytes[1] == 8 * 32 * 2
