@@ -125,13 +125,11 @@ def _call_merged(params: Any, batch: Any, **kwargs: Any) -> tuple[Any, Any]:
 @contextlib.contextmanager
 def _module_scopes(model: nnx.Module):
   """Runs every module call of ``model`` (a private copy) in a named scope of its path."""
-  modules = [(path, m) for path, m in nnx.iter_modules(model)
-             if callable(m) and not isinstance(m, (nnx.List, nnx.Dict))]
+  modules = [(path, m) for path, m in nnx.iter_modules(model) if callable(m)]  # not nnx.List
   scoped = {path for path, _ in modules}
   names: dict[int, str] = {}
   for path, module in modules:
-    parent = max((p for p in scoped if len(p) < len(path) and path[: len(p)] == p), key=len,
-                 default=None)
+    parent = next((path[:k] for k in range(len(path) - 1, -1, -1) if path[:k] in scoped), None)
     names[id(module)] = (type(module).__name__ if parent is None
                          else ".".join(str(k) for k in path[len(parent):]))
   originals = [(m, type(m)) for _, m in modules]
