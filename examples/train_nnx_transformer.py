@@ -65,7 +65,8 @@ class Block(nnx.Module):
     self.drop = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, x):
-    causal = jnp.tril(jnp.ones((1, 1, x.shape[-2], x.shape[-2]), dtype=bool))  # (batch, heads, q, k)
+    length = x.shape[-2]
+    causal = jnp.tril(jnp.ones((1, 1, length, length), dtype=bool))  # (batch, heads, q, k)
     x = x + self.drop(self.attn(self.ln1(x), mask=causal))
     return x + self.drop(self.down(nnx.gelu(self.up(self.ln2(x)))))
 
@@ -232,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     diff = float(np.max(np.abs(a - b) / np.abs(a)))
     print(f"{epoch:>5}{step:>7}{results['epoch_loss']['plain'][-1]:>14.6f}"
           f"{results['epoch_loss']['jaxremat'][-1]:>15.6f}{diff:>14.1e}"
-          f"{results['test_loss']['plain'][-1]:>13.4f}{results['test_loss']['jaxremat'][-1]:>15.4f}")
+          f"{results['test_loss']['plain'][-1]:>13.4f}"
+          f"{results['test_loss']['jaxremat'][-1]:>15.4f}")
 
   step_fp, grad_fp = footprints, grad_footprints
   print("\nXLA-measured footprint (argument + output + temp - alias), same compiler options:")

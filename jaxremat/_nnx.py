@@ -95,12 +95,13 @@ def apply_nnx(
       ``jaxremat.apply``.
   """
   _check_module(model)
+  _check_no_nnx_objects(batch, call_kwargs)
   graphdef, params, rest = nnx.split(model, wrt, ...)
   call_kwargs = {_GRAPHDEF: graphdef, _STATE: rest, _WRT: wrt, **call_kwargs}
   result = apply(_call_merged, params, batch, method=method, budget_bytes=budget_bytes,
                  plan=plan, layer_depth=layer_depth, refine=refine, verify=verify,
                  calibrate=calibrate, **call_kwargs)
-  return dataclasses.replace(result, fn=_NnxDropIn(result.fn, wrt, type(model)))
+  return dataclasses.replace(result, fn=_NnxDropIn(result.fn, wrt, graphdef, type(model)))
 
 
 def _check_module(model: Any) -> None:
@@ -110,6 +111,18 @@ def _check_module(model: Any) -> None:
   if hasattr(model, "apply") and hasattr(model, "init"):
     hint = " For a Flax linen module use jaxremat.apply(model.apply, params, batch)."
   raise TypeError(f"model must be a flax.nnx.Module, got {type(model).__name__}.{hint}")
+
+
+def _check_no_nnx_objects(batch: Any, kwargs: dict[str, Any]) -> None:
+  """nnx objects in the inputs (``rngs=`` at call time) would lose their state updates."""
+  leaves = jax.tree_util.tree_leaves_with_path(
+      {"batch": batch, **kwargs}, is_leaf=lambda x: isinstance(x, (nnx.Pytree, nnx.Variable)))
+  bad = [jax.tree_util.keystr(p) for p, x in leaves if isinstance(x, (nnx.Pytree, nnx.Variable))]
+  if bad:
+    raise TypeError(
+        f"the model's inputs hold nnx objects at {', '.join(bad[:5])}: their state updates "
+        "(e.g. an nnx.Rngs count) would be lost. Give them to the model at construction "
+        "(nnx.Dropout(rate, rngs=rngs)) and pass only arrays (and static options) at call.")
 
 
 def _call_merged(params: Any, batch: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -168,19 +181,30 @@ class _NnxDropIn:
   ``model`` with ``nnx.update``.
   """
 
-  def __init__(self, drop_in, wrt, model_type):
+  def __init__(self, drop_in, wrt, graphdef, model_type):
     self._drop_in = drop_in
     self._wrt = wrt
+    self._graphdef = graphdef
     self._model_type = model_type
 
   def __call__(self, model: nnx.Module, batch: Any, **kwargs: Any) -> Any:
     _check_module(model)
+    _check_no_nnx_objects(batch, kwargs)
     if type(model) is not self._model_type:
       raise InputMismatchError(
           f"model is a {type(model).__name__}, but the plan was made for a "
           f"{self._model_type.__name__}.")
     graphdef, params, rest = nnx.split(model, self._wrt, ...)
-    out, new_rest = self._drop_in(
-        params, batch, **{_GRAPHDEF: graphdef, _STATE: rest, _WRT: self._wrt}, **kwargs)
+    try:
+      out, new_rest = self._drop_in(
+          params, batch, **{_GRAPHDEF: graphdef, _STATE: rest, _WRT: self._wrt}, **kwargs)
+    except InputMismatchError as err:
+      if graphdef == self._graphdef:
+        raise
+      raise InputMismatchError(
+          "the model's static attributes differ from the ones the plan was made for (e.g. "
+          "model.eval() turns Dropout off) and so do its layers: evaluate with model(x) "
+          "directly (nothing to checkpoint without gradients), or call "
+          f"jaxremat.apply_nnx on the model in this mode. ({err})") from None
     nnx.update(model, new_rest)
     return out

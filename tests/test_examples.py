@@ -43,7 +43,8 @@ def test_train_nnx_transformer(capsys):
   plain, remat = results["step_loss"]["plain"], results["step_loss"]["jaxremat"]
   assert results["steps"] == len(plain) == len(remat) == 6
   np.testing.assert_allclose(remat, plain, rtol=1e-4)  # same dropout masks, same updates
-  np.testing.assert_allclose(results["test_loss"]["jaxremat"], results["test_loss"]["plain"], rtol=1e-4)
+  test_loss = results["test_loss"]
+  np.testing.assert_allclose(test_loss["jaxremat"], test_loss["plain"], rtol=1e-4)
   assert plain[-1] < plain[0]
   assert results["checkpoints"]
   assert results["layer_names"] == ["embed", "blocks.0", "blocks.1", "ln_f", "head"]

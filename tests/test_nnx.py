@@ -210,7 +210,7 @@ def test_training_loop_with_optimizer_and_nnx_jit():
   _assert_trees_close(nnx.state(remat), nnx.state(plain), rtol=1e-4, atol=1e-6)
 
 
-def test_xla_footprint_below_no_remat():
+def test_xla_footprint_below_no_remat_and_within_budget():
   model = _mlp(width=32, depth=8)
   x = jax.random.normal(jax.random.key(1), (512, 8))
   r = jaxremat.apply_nnx(model, x)
@@ -224,6 +224,9 @@ def test_xla_footprint_below_no_remat():
   plain = jaxremat.measure(loss_of(lambda m, b: m(b)), params, x).total_bytes
   remat = jaxremat.measure(loss_of(r.fn), params, x).total_bytes
   assert remat < 0.8 * plain, (remat, plain)
+  budget = (remat + plain) // 2
+  fitted = jaxremat.apply_nnx(model, x, budget_bytes=budget)
+  assert jaxremat.measure(loss_of(fitted.fn), params, x).total_bytes <= budget
 
 
 def test_not_an_nnx_module():
@@ -233,9 +236,15 @@ def test_not_an_nnx_module():
     jaxremat.apply_nnx(nn.Dense(3), jnp.ones((2, 3)))
 
 
+def test_rngs_at_call_time_are_rejected():
+  model = _dropout_mlp()
+  with pytest.raises(TypeError, match=r"nnx objects at \['rngs'\].*at construction"):
+    jaxremat.apply_nnx(model, jnp.ones((4, 8)), rngs=nnx.Rngs(0))
+
+
 def test_skip_connection_across_children():
-  with pytest.raises(jaxremat.NotAChainError,
-                     match=r"reads a value made by layer 1 'first'.*skipping over layer 2 'second'"):
+  match = r"reads a value made by layer 1 'first'.*skipping over layer 2 'second'"
+  with pytest.raises(jaxremat.NotAChainError, match=match):
     jaxremat.apply_nnx(SkipAcrossLayers(), jnp.ones((2, 4)))
 
 
@@ -249,5 +258,6 @@ def test_fn_rejects_another_model_or_mode():
     r.fn(nnx.split(model)[1], x)
   evaluating = nnx.clone(model)
   evaluating.eval()
-  with pytest.raises(jaxremat.InputMismatchError, match="layers"):
+  match = r"model\.eval\(\).*evaluate with model\(x\)"
+  with pytest.raises(jaxremat.InputMismatchError, match=match):
     r.fn(evaluating, x)
