@@ -20,6 +20,7 @@ from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
 from jaxremat._measure import Footprint as Footprint
 from jaxremat._measure import compile_footprint as compile_footprint
 from jaxremat._measure import measure as measure
+from jaxremat._nnx import apply_nnx as apply_nnx
 from jaxremat._simulate import recompute_counts as recompute_counts
 from jaxremat._simulate import simulate_peak_bytes as simulate_peak_bytes
 from jaxremat.solvers import pareto as pareto
@@ -44,6 +45,7 @@ __all__ = (
     "UnknownMethodError",
     "UnsupportedModelError",
     "apply",
+    "apply_nnx",
     "compile_footprint",
     "measure",
     "pareto",

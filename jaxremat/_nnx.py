@@ -1,0 +1,210 @@
+"""``jaxremat.apply_nnx``: flax.nnx modules, traced with their module paths as name scopes."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxremat._api import Remat, apply
+from jaxremat._chain import Plan
+from jaxremat._errors import InputMismatchError
+
+# Keyword arguments that carry the nnx graph and non-differentiated state through
+# ``jaxremat.apply`` (the graph definition is static, the state's arrays are traced).
+_GRAPHDEF = "_jaxremat_nnx_graphdef"
+_STATE = "_jaxremat_nnx_state"
+_WRT = "_jaxremat_nnx_wrt"
+
+# id(module) -> scope name, for the modules of the copy being traced (this context only).
+_SCOPES: contextvars.ContextVar[dict[int, str]] = contextvars.ContextVar("jaxremat_nnx_scopes")
+
+
+def apply_nnx(
+    model: nnx.Module,
+    batch: Any,
+    *,
+    wrt: Any = nnx.Param,
+    method: str = "optimal",
+    budget_bytes: int | None = None,
+    plan: Plan | None = None,
+    layer_depth: int | None = None,
+    refine: bool = True,
+    verify: bool | None = None,
+    calibrate: bool = False,
+    **call_kwargs: Any,
+) -> Remat:
+  """Chooses checkpoints for the flax.nnx module ``model`` and returns a drop-in call.
+
+  nnx module calls leave no name stack in a jaxpr, so the model is traced on a private
+  copy (``nnx.merge`` of its state) whose module calls each run in a
+  ``jax.named_scope`` named by the module's attribute path: the model's class name,
+  then e.g. ``blocks.0`` (an element of an ``nnx.List``), ``layers.3`` (a layer of an
+  ``nnx.Sequential``) or ``head``. Layers are then found as for Flax linen: by default
+  the model's child modules, in the order the model calls them; work the model does
+  outside any child (a residual add, ``nnx.relu`` in a ``Sequential``) forms layers of
+  its own. Only ``__call__`` is scoped: another method of a child (``embed.attend``)
+  counts as work of its caller. The model itself is not modified.
+
+  The result's ``fn(model, batch, **call_kwargs)`` is a drop-in for
+  ``model(batch, **call_kwargs)``: it runs the plan's segments under
+  ``jax.checkpoint`` and writes the state the call changes (BatchNorm statistics, the
+  counts of Dropout's rng streams) back into ``model`` as the plain call does. Use it in
+  the training step on the model ``nnx.value_and_grad`` (or ``nnx.grad``) passes to the
+  loss, under ``nnx.jit`` or ``jax.jit`` of a split/merge step::
+
+    r = jaxremat.apply_nnx(model, x)
+    def loss_fn(model, x, y):
+      return optax.softmax_cross_entropy_with_integer_labels(r.fn(model, x), y).mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+    optimizer.update(model, grads)
+
+  For evaluation call ``model`` directly (nothing to checkpoint without gradients; a
+  mode switch such as ``model.eval()`` that removes Dropout's work changes the layers,
+  and ``fn`` then raises ``InputMismatchError``). On CPU compile the step with
+  ``compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"}`` (``jax.jit``)
+  or XLA undoes the remat.
+
+  Args:
+    model: the ``nnx.Module`` to train; it must be a chain of layers at the chosen
+      granularity.
+    batch: an example input (any pytree of arrays) with the shapes used in training;
+      the model is called as ``model(batch, **call_kwargs)``.
+    wrt: the nnx filter of the state that is differentiated (as in ``nnx.grad`` and
+      ``nnx.Optimizer``): it counts as parameters (with gradients) in the byte
+      figures; all other state (batch statistics, rng keys) is carried as traced
+      arguments.
+    method, budget_bytes, plan, layer_depth, refine, verify, calibrate: as in
+      ``jaxremat.apply``; ``layer_depth=2`` takes the children of the model's children
+      as layers.
+    **call_kwargs: passed to the model on every call; array leaves are traced.
+
+  Returns:
+    A ``Remat`` whose ``fn(model, batch, **call_kwargs)`` equals
+    ``model(batch, **call_kwargs)``, state updates included.
+
+  Raises:
+    TypeError: ``model`` is not an ``nnx.Module`` (a linen module goes to
+      ``jaxremat.apply(model.apply, params, batch)``), or non-array inputs.
+    NotAChainError, EmptyModelError, UnsupportedModelError, and the other errors of
+      ``jaxremat.apply``.
+  """
+  _check_module(model)
+  _check_no_nnx_objects(batch, call_kwargs)
+  graphdef, params, rest = nnx.split(model, wrt, ...)
+  call_kwargs = {_GRAPHDEF: graphdef, _STATE: rest, _WRT: wrt, **call_kwargs}
+  result = apply(_call_merged, params, batch, method=method, budget_bytes=budget_bytes,
+                 plan=plan, layer_depth=layer_depth, refine=refine, verify=verify,
+                 calibrate=calibrate, **call_kwargs)
+  return dataclasses.replace(result, fn=_NnxDropIn(result.fn, wrt, graphdef, type(model)))
+
+
+def _check_module(model: Any) -> None:
+  if isinstance(model, nnx.Module):
+    return
+  hint = ""
+  if hasattr(model, "apply") and hasattr(model, "init"):
+    hint = " For a Flax linen module use jaxremat.apply(model.apply, params, batch)."
+  raise TypeError(f"model must be a flax.nnx.Module, got {type(model).__name__}.{hint}")
+
+
+def _check_no_nnx_objects(batch: Any, kwargs: dict[str, Any]) -> None:
+  """nnx objects in the inputs (``rngs=`` at call time) would lose their state updates."""
+  leaves = jax.tree_util.tree_leaves_with_path(
+      {"batch": batch, **kwargs}, is_leaf=lambda x: isinstance(x, (nnx.Pytree, nnx.Variable)))
+  bad = [jax.tree_util.keystr(p) for p, x in leaves if isinstance(x, (nnx.Pytree, nnx.Variable))]
+  if bad:
+    raise TypeError(
+        f"the model's inputs hold nnx objects at {', '.join(bad[:5])}: their state updates "
+        "(e.g. an nnx.Rngs count) would be lost. Give them to the model at construction "
+        "(nnx.Dropout(rate, rngs=rngs)) and pass only arrays (and static options) at call.")
+
+
+def _call_merged(params: Any, batch: Any, **kwargs: Any) -> tuple[Any, Any]:
+  """``model(batch, **kwargs)`` on a copy merged from state; returns (outputs, new state)."""
+  graphdef, rest, wrt = kwargs.pop(_GRAPHDEF), kwargs.pop(_STATE), kwargs.pop(_WRT)
+  model = nnx.merge(graphdef, params, rest)
+  with _module_scopes(model):
+    out = model(batch, **kwargs)
+  _, _, new_rest = nnx.split(model, wrt, ...)
+  return out, new_rest
+
+
+@contextlib.contextmanager
+def _module_scopes(model: nnx.Module):
+  """Runs every module call of ``model`` (a private copy) in a named scope of its path."""
+  modules = [(path, m) for path, m in nnx.iter_modules(model) if callable(m)]  # not nnx.List
+  scoped = {path for path, _ in modules}
+  names: dict[int, str] = {}
+  for path, module in modules:
+    parent = next((path[:k] for k in range(len(path) - 1, -1, -1) if path[:k] in scoped), None)
+    names[id(module)] = (type(module).__name__ if parent is None
+                         else ".".join(str(k) for k in path[len(parent):]))
+  originals = [(m, type(m)) for _, m in modules]
+  token = _SCOPES.set(names)
+  try:
+    for module, cls in originals:
+      object.__setattr__(module, "__class__", _scoped_class(cls))
+    yield
+  finally:
+    for module, cls in originals:
+      object.__setattr__(module, "__class__", cls)
+    _SCOPES.reset(token)
+
+
+@functools.cache
+def _scoped_class(cls: type) -> type:
+  """A subclass of ``cls`` whose ``__call__`` runs in the instance's named scope."""
+
+  def __call__(self, *args, **kwargs):
+    name = _SCOPES.get({}).get(id(self))
+    if name is None:
+      return super(scoped, self).__call__(*args, **kwargs)
+    with jax.named_scope(name):
+      return super(scoped, self).__call__(*args, **kwargs)
+
+  scoped = type(cls.__name__, (cls,), {
+      "__call__": __call__, "__slots__": (), "__module__": cls.__module__,
+      "__qualname__": cls.__qualname__})
+  return scoped
+
+
+class _NnxDropIn:
+  """``fn(model, batch, **kwargs)``: ``model(batch, **kwargs)`` run under the plan.
+
+  The model's state is split by ``wrt``; the state the call changes is written back into
+  ``model`` with ``nnx.update``.
+  """
+
+  def __init__(self, drop_in, wrt, graphdef, model_type):
+    self._drop_in = drop_in
+    self._wrt = wrt
+    self._graphdef = graphdef
+    self._model_type = model_type
+
+  def __call__(self, model: nnx.Module, batch: Any, **kwargs: Any) -> Any:
+    _check_module(model)
+    _check_no_nnx_objects(batch, kwargs)
+    if type(model) is not self._model_type:
+      raise InputMismatchError(
+          f"model is a {type(model).__name__}, but the plan was made for a "
+          f"{self._model_type.__name__}.")
+    graphdef, params, rest = nnx.split(model, self._wrt, ...)
+    try:
+      out, new_rest = self._drop_in(
+          params, batch, **{_GRAPHDEF: graphdef, _STATE: rest, _WRT: self._wrt}, **kwargs)
+    except InputMismatchError as err:
+      if graphdef == self._graphdef:
+        raise
+      raise InputMismatchError(
+          "the model's static attributes differ from the ones the plan was made for (e.g. "
+          "model.eval() turns Dropout off) and so do its layers: evaluate with model(x) "
+          "directly (nothing to checkpoint without gradients), or call "
+          f"jaxremat.apply_nnx on the model in this mode. ({err})") from None
+    nnx.update(model, new_rest)
+    return out
