@@ -72,6 +72,28 @@ class Remat:
       return self.fixed_bytes + simulate_peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
     return self.fixed_bytes + estimate_temp_bytes(self.chain, self.buffers, plan)
 
+  def plot(self, path: str, compare: tuple[str, ...] = ("none", "every-layer", "sqrt"),
+           title: str | None = None) -> None:
+    """Saves a step plot of the live bytes through forward, recompute and backward.
+
+    The chosen plan and each strategy in ``compare`` are replayed by model R's event
+    simulator (``simulate_peak_bytes``); each curve's peak is marked. Needs matplotlib
+    (``pip install "jaxremat[plot]"``).
+
+    Args:
+      path: the file to write; its suffix picks the format (``.png``, ``.svg``).
+      compare: solver methods drawn next to the chosen plan (bytes over event index).
+      title: the figure's title (default: the number of layers).
+
+    Raises:
+      ImportError: matplotlib is not installed.
+      UnknownMethodError: a name in ``compare`` is not a solver method.
+    """
+    from jaxremat._plot import plot_timelines  # matplotlib is optional
+    plans = [(f"chosen: {self.plan.method or 'plan'}", self.plan)]
+    plans += [(method, solve(self.chain, method)) for method in compare]
+    plot_timelines(path, self.chain, plans, title=title or f"{self.chain.n} layers")
+
   def report(self) -> str:
     """A per-layer table and the predicted peak of each strategy."""
     chain, kept = self.chain, set(self.plan.checkpoints)
