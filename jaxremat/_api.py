@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -74,7 +75,7 @@ class Remat:
       return self.fixed_bytes + simulate_peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
     return self.fixed_bytes + estimate_temp_bytes(self.chain, self.buffers, plan)
 
-  def plot(self, path: str, compare: tuple[str, ...] = ("none", "every-layer", "sqrt"),
+  def plot(self, path: str | os.PathLike[str], compare: tuple[str, ...] = ("none", "every-layer", "sqrt"),
            title: str | None = None) -> None:
     """Saves a step plot of the live bytes through forward, recompute and backward.
 

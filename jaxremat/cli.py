@@ -1,4 +1,4 @@
-"""The ``jaxremat`` command line: ``jaxremat demo``, ``jaxremat plan MODULE:ATTR``, ``jaxremat bench``."""
+"""The ``jaxremat`` command line: ``demo``, ``plan MODULE:ATTR`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -149,11 +149,12 @@ def _bench_command(args: argparse.Namespace) -> int:
   table = _bench.to_markdown(result["rows"])
   if args.out:
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"memory-{result['meta']['backend']}-{result['meta']['date']}")
+    meta = result["meta"]
+    name = f"bench-{meta['backend']}-{meta['date']}{'-quick' if args.quick else ''}"
+    stem = os.path.join(args.out, name)
     with open(stem + ".json", "w") as f:
       json.dump({**result, "table": table}, f, indent=1)
     with open(stem + ".md", "w") as f:
-      meta = result["meta"]
       f.write(f"# jaxremat bench{' --quick' if args.quick else ''}, {meta['date']}\n\n"
               f"{meta['backend']} ({meta['device']}, {meta['machine']}), jax "
               f"{meta['versions']['jax']}, flax {meta['versions']['flax']}\n\n{table}\n")
@@ -185,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   bench.add_argument("--quick", action="store_true",
                      help="small inputs, no sweep of every checkpoint-every-k plan")
   bench.add_argument("--json", action="store_true", help="print the rows as JSON")
-  bench.add_argument("--out", help="directory to write memory-<backend>-<date>.json and .md to")
+  bench.add_argument("--out", help="directory to write bench-<backend>-<date>[-quick].json and .md to")
   args = parser.parse_args(argv)
   if args.command == "bench":
     return _bench_command(args)
