@@ -10,6 +10,7 @@ from jaxremat._errors import ChainTooLongError as ChainTooLongError
 from jaxremat._errors import EmptyModelError as EmptyModelError
 from jaxremat._errors import InfeasibleBudgetError as InfeasibleBudgetError
 from jaxremat._errors import InputMismatchError as InputMismatchError
+from jaxremat._errors import InvalidArgumentError as InvalidArgumentError
 from jaxremat._errors import InvalidBudgetError as InvalidBudgetError
 from jaxremat._errors import InvalidChainError as InvalidChainError
 from jaxremat._errors import InvalidPlanError as InvalidPlanError
@@ -35,6 +36,7 @@ __all__ = (
     "Footprint",
     "InfeasibleBudgetError",
     "InputMismatchError",
+    "InvalidArgumentError",
     "InvalidBudgetError",
     "InvalidChainError",
     "InvalidPlanError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,8 @@ import numpy as np
 from jaxremat import _compat
 from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops, validate_plan
 from jaxremat._emit import emit
-from jaxremat._errors import InfeasibleBudgetError, InputMismatchError, InvalidBudgetError, JaxrematError
+from jaxremat._errors import (InfeasibleBudgetError, InputMismatchError, InvalidArgumentError,
+                              InvalidBudgetError, JaxrematError, UnsupportedModelError)
 from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._simulate import simulate_peak_bytes
 from jaxremat._profile import Buffers, profile
@@ -21,6 +23,7 @@ from jaxremat._refine import refine as refine_plan
 from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
 from jaxremat._measure import measure
 from jaxremat.solvers import solve, uniform_plan
+from jaxremat.solvers._budget import budget_as_int
 
 #: Strategies listed by ``Remat.report`` next to the chosen plan.
 REPORTED_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
@@ -71,6 +74,28 @@ class Remat:
     if plan.is_nested:
       return self.fixed_bytes + simulate_peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
     return self.fixed_bytes + estimate_temp_bytes(self.chain, self.buffers, plan)
+
+  def plot(self, path: str | os.PathLike[str], compare: tuple[str, ...] = ("none", "every-layer", "sqrt"),
+           title: str | None = None) -> None:
+    """Saves a step plot of the live bytes through forward, recompute and backward.
+
+    The chosen plan and each strategy in ``compare`` are replayed by model R's event
+    simulator (``simulate_peak_bytes``); each curve's peak is marked. Needs matplotlib
+    (``pip install "jaxremat[plot]"``).
+
+    Args:
+      path: the file to write; its suffix picks the format (``.png``, ``.svg``).
+      compare: solver methods drawn next to the chosen plan (bytes over event index).
+      title: the figure's title (default: the number of layers).
+
+    Raises:
+      ImportError: matplotlib is not installed.
+      UnknownMethodError: a name in ``compare`` is not a solver method.
+    """
+    from jaxremat._plot import plot_timelines  # matplotlib is optional
+    plans = [(f"chosen: {self.plan.method or 'plan'}", self.plan)]
+    plans += [(method, solve(self.chain, method)) for method in compare]
+    plot_timelines(path, self.chain, plans, title=title or f"{self.chain.n} layers")
 
   def report(self) -> str:
     """A per-layer table and the predicted peak of each strategy."""
@@ -130,7 +155,8 @@ def apply(
     budget_bytes: fit the training step in this many bytes (the footprint
       ``predicted_total_bytes`` stands for, by model R) with the fewest recomputed
       FLOPs; implies ``method="budget"``. Raises ``InfeasibleBudgetError`` carrying the
-      least feasible footprint when no plan fits.
+      least feasible footprint when no plan fits. A float is rounded down; ``inf``
+      means no budget.
     plan: use these checkpoints instead of solving.
     layer_depth: name-stack depth that defines a layer (default: the root module's
       children).
@@ -154,13 +180,20 @@ def apply(
 
   Raises:
     NotAChainError, EmptyModelError, UnsupportedModelError, UnknownMethodError,
-    InvalidPlanError, TypeError for non-array inputs.
+    InvalidPlanError, InvalidBudgetError, InfeasibleBudgetError, and
+    InvalidArgumentError (a TypeError) for arguments of the wrong type or range; the
+    table in docs/errors.md lists each case.
   """
   if not callable(model_fn):
-    raise TypeError(f"model_fn must be callable (e.g. model.apply), got {type(model_fn).__name__}.")
+    raise InvalidArgumentError(
+        f"model_fn must be callable (e.g. model.apply), got {type(model_fn).__name__}.")
   _check_arrays("params", params)
   _check_arrays("batch", batch)
+  _check_options(plan, layer_depth)
+  if budget_bytes is not None:
+    budget_bytes = _check_budget(budget_bytes)
   traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  _check_float_output(traced)
   arrays, _, _ = split_kwargs(model_kwargs)
   prof = profile(traced, calibrate=calibrate)
   chain = prof.chain
@@ -283,12 +316,48 @@ def _fit_measured(chain: Chain, plan: Plan | None, budget_bytes: int, fixed_byte
       budget_bytes=budget_bytes, min_feasible_bytes=least)
 
 
+def _check_options(plan: Any, layer_depth: Any) -> None:
+  if plan is not None and not isinstance(plan, Plan):
+    raise InvalidArgumentError(
+        f"plan must be a jaxremat.Plan, got {type(plan).__name__} {plan!r}; wrap the "
+        "checkpoint indices, e.g. plan=jaxremat.Plan(checkpoints=(2, 5)).")
+  if layer_depth is not None and (isinstance(layer_depth, bool) or not isinstance(layer_depth, int)
+                                  or layer_depth < 0):
+    raise InvalidArgumentError(
+        f"layer_depth must be None or an int >= 0 (0: the root module, 1: its children, "
+        f"...), got {layer_depth!r}.")
+
+
+def _check_budget(budget_bytes: Any) -> int | None:
+  """``budget_bytes`` as whole bytes (floats rounded down; +inf: no budget)."""
+  try:
+    budget = budget_as_int(budget_bytes)
+  except TypeError:
+    raise InvalidArgumentError(
+        f"budget_bytes must be a number of bytes (e.g. 2 * 2**30), got "
+        f"{type(budget_bytes).__name__} {budget_bytes!r}.") from None
+  if budget is not None and budget < 0:
+    raise InvalidBudgetError(
+        f"budget_bytes must be a non-negative number of bytes, got {budget_bytes!r}.")
+  return budget
+
+
+def _check_float_output(traced: TracedChain) -> None:
+  outs = [getattr(v, "aval", None) for v in traced.outvars]
+  if not any(_compat.is_float(aval) for aval in outs):
+    dtypes = sorted({str(getattr(aval, "dtype", "?")) for aval in outs})
+    raise UnsupportedModelError(
+        f"the model's outputs are all of non-float dtypes {dtypes}: there is no gradient "
+        "to take through them, so nothing to checkpoint. Return the float values the loss "
+        "is computed from (e.g. logits) and take argmax or round outside the model.")
+
+
 def _check_arrays(what: str, tree: Any) -> None:
   leaves = jax.tree_util.tree_leaves_with_path(tree)
   bad = [(jax.tree_util.keystr(p), type(x).__name__) for p, x in leaves if not is_array_leaf(x)]
   if bad:
     shown = ", ".join(f"{what}{path} is a {kind}" for path, kind in bad[:5])
-    raise TypeError(
+    raise InvalidArgumentError(
         f"every leaf of {what} must be an array (jax.Array or numpy.ndarray): {shown}. "
         "Convert with jnp.asarray or pass non-array options as keyword arguments.")
 

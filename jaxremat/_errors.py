@@ -7,6 +7,11 @@ class JaxrematError(Exception):
   """Base class of every error jaxremat raises on bad input."""
 
 
+class InvalidArgumentError(JaxrematError, TypeError, ValueError):
+  """An argument has the wrong type or an out-of-range value (a non-array leaf in
+  ``params``, a ``plan`` that is not a ``Plan``, a negative ``layer_depth``)."""
+
+
 class InvalidChainError(JaxrematError, ValueError):
   """A Chain was built from inconsistent byte counts."""
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import jax
 
+from jaxremat._errors import InvalidArgumentError
+
 #: XLA's CPU pipeline expands jax.checkpoint's optimization barriers and then CSE merges
 #: the recomputation back into the forward pass; disabling the expander keeps remat real.
 CPU_COMPILER_OPTIONS: Mapping[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
@@ -94,5 +96,14 @@ def measure(
 
   Returns:
     The compiled step's ``Footprint``; ``total_bytes`` is the figure to compare.
+
+  Raises:
+    InvalidArgumentError: ``loss_fn`` does not return a float scalar.
   """
+  out = jax.eval_shape(loss_fn, params, batch)
+  if getattr(out, "shape", None) != () or not jax.numpy.issubdtype(out.dtype, jax.numpy.floating):
+    raise InvalidArgumentError(
+        f"loss_fn must return a float scalar to differentiate, got "
+        f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}; reduce "
+        "the model output to one number, e.g. jnp.mean(jnp.square(out)).")
   return compile_footprint(jax.grad(loss_fn), params, batch, compiler_options=compiler_options)

@@ -2,25 +2,51 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from jaxremat._chain import Chain, Plan, validate_plan
 
 
-class _Memory:
-  """The live buffers (bytes) and the running peak of their sum."""
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+  """Live bytes after each allocation or free of one simulated training step.
 
-  def __init__(self):
+  Attributes:
+    live_bytes: the sum of live buffers (bytes) after event ``k``.
+    phases: ``"forward"``, ``"recompute"`` or ``"backward"``: the pass event ``k`` is in.
+  """
+
+  live_bytes: tuple[int, ...]
+  phases: tuple[str, ...]
+
+  @property
+  def peak_bytes(self) -> int:
+    """The largest entry of ``live_bytes`` (bytes)."""
+    return max(self.live_bytes)
+
+
+class _Memory:
+  """The live buffers (bytes), the running peak of their sum and, optionally, its history."""
+
+  def __init__(self, record: bool = False):
     self.live: dict[tuple[str, int], int] = {}
     self.total = 0
     self.peak = 0
+    self.phase = "forward"
+    self.history: list[tuple[int, str]] | None = [] if record else None
 
   def alloc(self, key: tuple[str, int], size: int) -> None:
     assert key not in self.live, key
     self.live[key] = size
     self.total += size
     self.peak = max(self.peak, self.total)
+    if self.history is not None:
+      self.history.append((self.total, self.phase))
 
   def free(self, key: tuple[str, int]) -> None:
     self.total -= self.live.pop(key)
+    if self.history is not None:
+      self.history.append((self.total, self.phase))
 
 
 class _Run:
@@ -34,9 +60,9 @@ class _Run:
   as in model R, not counted beyond the residuals that keep them.
   """
 
-  def __init__(self, chain: Chain):
+  def __init__(self, chain: Chain, record: bool = False):
     self.chain = chain
-    self.mem = _Memory()
+    self.mem = _Memory(record)
     self.runs = [0] * chain.n  # forward executions of layer i + 1
 
   @staticmethod
@@ -83,11 +109,14 @@ class _Run:
     while tasks:
       kind, *args = tasks.pop()
       if kind == "seed":
+        self.mem.phase = "backward"
         self.mem.alloc(("g", n), self.chain.cot_bytes[n])
       elif kind == "free":
         self.mem.free(("x", args[0]))
       elif kind == "fwd":
         l, r, sub = args
+        if self.mem.phase != "forward":
+          self.mem.phase = "recompute"
         if sub is None:
           self.forward_leaf(l, r)
           continue
@@ -98,6 +127,7 @@ class _Run:
         tasks.append(("fwd", *kids[-1]))
       else:
         l, r, sub = args
+        self.mem.phase = "backward"
         if sub is None:
           self.backward_leaf(l, r)
           continue
@@ -111,9 +141,9 @@ class _Run:
     assert set(self.mem.live) == {("x", 0), ("g", 0)}, self.mem.live
 
 
-def _run(chain: Chain, plan: Plan) -> _Run:
+def _run(chain: Chain, plan: Plan, record: bool = False) -> _Run:
   validate_plan(plan, chain.n)
-  run = _Run(chain)
+  run = _Run(chain, record)
   run.step(plan)
   return run
 
@@ -140,6 +170,20 @@ def simulate_peak_bytes(chain: Chain, plan: Plan) -> int:
     InvalidPlanError: the plan does not fit the chain.
   """
   return _run(chain, plan).mem.peak
+
+
+def simulate_timeline(chain: Chain, plan: Plan) -> Timeline:
+  """The live bytes event by event of the pass ``simulate_peak_bytes`` replays.
+
+  The first entry is ``x_0`` alone; ``Timeline.peak_bytes`` equals
+  ``simulate_peak_bytes(chain, plan)`` (and model R's ``peak_bytes`` for single-level
+  plans).
+
+  Raises:
+    InvalidPlanError: the plan does not fit the chain.
+  """
+  history = _run(chain, plan, record=True).mem.history
+  return Timeline(live_bytes=tuple(t for t, _ in history), phases=tuple(p for _, p in history))
 
 
 def recompute_counts(chain: Chain, plan: Plan) -> list[int]:

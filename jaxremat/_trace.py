@@ -150,6 +150,7 @@ _UNSUPPORTED = ("callback", "io_callback", "debug_callback")
 
 def _reject_unsupported(eqns):
   for eqn in eqns:
+    _reject_transform(eqn)
     if any(name in eqn.primitive.name for name in _UNSUPPORTED) or eqn.effects:
       where = "/".join(_compat.name_stack(eqn)) or "the model's top level"
       raise UnsupportedModelError(
@@ -157,6 +158,14 @@ def _reject_unsupported(eqns):
           f"({sorted(map(str, eqn.effects)) or 'a host callback'}); a rematerialised "
           "segment runs twice, so jaxremat does not re-execute effects. Remove the "
           "callback (jax.debug.print, io_callback) from the model or move it outside.")
+
+
+def _reject_transform(eqn):
+  """A model_fn that differentiates inside itself is not a forward chain of layers."""
+  if any(part.startswith("transpose(") for part in _compat.name_stack(eqn)):
+    raise UnsupportedModelError(
+        "model_fn computes a gradient itself (jax.grad or jax.vjp inside it); jaxremat "
+        "needs the forward model. Pass model.apply and take jax.grad of a loss of r.fn.")
 
 
 def _group(eqns, layer_depth):

@@ -1,10 +1,11 @@
-"""The ``jaxremat`` command line: ``jaxremat demo`` and ``jaxremat plan MODULE:ATTR``."""
+"""The ``jaxremat`` command line: ``demo``, ``plan MODULE:ATTR`` and ``bench``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ import jax
 import numpy as np
 
 import jaxremat
-from jaxremat import zoo
+from jaxremat import _bench, zoo
 from jaxremat._api import _scalar_loss
 
 DEMO_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "apply")
@@ -129,6 +130,39 @@ def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
   return r, summary
 
 
+def _bench_command(args: argparse.Namespace) -> int:
+  if args.models:
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+  else:
+    names = list(_bench.QUICK_MODELS if args.quick else _bench.MODELS)
+  unknown = [m for m in names if m not in _bench.MODELS]
+  if unknown:
+    print(f"jaxremat bench: unknown models {unknown}; choose from {', '.join(_bench.MODELS)}",
+          file=sys.stderr)
+    return 2
+  start = time.perf_counter()
+
+  def progress(line: str) -> None:
+    print(f"[bench {time.perf_counter() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+  result = _bench.run(names, quick=args.quick, progress=progress)
+  table = _bench.to_markdown(result["rows"])
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    meta = result["meta"]
+    name = f"bench-{meta['backend']}-{meta['date']}{'-quick' if args.quick else ''}"
+    stem = os.path.join(args.out, name)
+    with open(stem + ".json", "w") as f:
+      json.dump({**result, "table": table}, f, indent=1)
+    with open(stem + ".md", "w") as f:
+      f.write(f"# jaxremat bench{' --quick' if args.quick else ''}, {meta['date']}\n\n"
+              f"{meta['backend']} ({meta['device']}, {meta['machine']}), jax "
+              f"{meta['versions']['jax']}, flax {meta['versions']['flax']}\n\n{table}\n")
+    print(f"jaxremat bench: wrote {stem}.json and {stem}.md", file=sys.stderr)
+  print(json.dumps(result, indent=1) if args.json else table)
+  return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="jaxremat", description=jaxremat.__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
@@ -146,7 +180,16 @@ def main(argv: Sequence[str] | None = None) -> int:
   plan.add_argument("--method", default="optimal")
   plan.add_argument("--budget", type=float, default=None, help="whole-step budget in bytes")
   plan.add_argument("--json", action="store_true", help="print the plan and profile as JSON")
+  bench = sub.add_parser("bench", help="measure every strategy on zoo models with XLA (slow)")
+  bench.add_argument("--models", help="comma-separated, from: " + ", ".join(_bench.MODELS)
+                     + f" (default: all; with --quick: {','.join(_bench.QUICK_MODELS)})")
+  bench.add_argument("--quick", action="store_true",
+                     help="small inputs, no sweep of every checkpoint-every-k plan")
+  bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+  bench.add_argument("--out", help="directory to write bench-<backend>-<date>[-quick].json and .md to")
   args = parser.parse_args(argv)
+  if args.command == "bench":
+    return _bench_command(args)
   if args.command == "plan":
     shape = [int(d) for d in args.batch_shape.split(",") if d.strip()]
     try:

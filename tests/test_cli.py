@@ -1,8 +1,12 @@
-"""The command line: ``jaxremat plan`` and ``jaxremat demo``."""
+"""The command line: ``jaxremat plan``, ``jaxremat demo`` and ``jaxremat bench``."""
 
 import json
 
-from jaxremat import cli
+import jax
+import jax.numpy as jnp
+
+import jaxremat
+from jaxremat import _bench, cli
 
 
 def test_plan_prints_the_report_and_json(capsys):
@@ -29,3 +33,32 @@ def test_demo_runs_and_remat_keeps_gradients(capsys):
   assert set(rows) == set(cli.DEMO_METHODS)
   assert all(row["grad_max_rel_error"] < 1e-5 for row in rows.values())
   assert rows["apply"]["measured_bytes"] < rows["none"]["measured_bytes"]
+
+
+def test_bench_quick_json_matches_measure(capsys, tmp_path):
+  assert cli.main(["bench", "--quick", "--json", "--models", "tiny-mlp", "--out", str(tmp_path)]) == 0
+  captured = capsys.readouterr()
+  result = json.loads(captured.out)
+  assert "tiny-mlp" in captured.err  # progress goes to stderr
+  assert set(result) == {"meta", "rows"} and result["meta"]["quick"]
+  rows = {row["strategy"]: row for row in result["rows"]}
+  assert set(rows) == set(_bench.STRATEGIES)
+  for row in rows.values():
+    assert {"model", "checkpoints", "predicted_bytes", "measured_bytes", "recompute_flops",
+            "xla_flops"} <= set(row)
+  # The measured figures are jaxremat.measure's of the same plan, rebuilt independently.
+  model, x, kwargs = _bench.MODELS["tiny-mlp"](True)
+  params = model.init(jax.random.key(0), x)
+  for strategy in ("none", "optimal"):
+    plan = jaxremat.Plan(tuple(rows[strategy]["checkpoints"]))
+    r = jaxremat.apply(model.apply, params, x, plan=plan)
+    footprint = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b))), params, x)
+    assert rows[strategy]["measured_bytes"] == footprint.total_bytes
+    assert rows[strategy]["recompute_flops"] == jaxremat.recompute_flops(r.chain, plan)
+  written = sorted(p.suffix for p in tmp_path.iterdir())
+  assert written == [".json", ".md"]
+
+
+def test_bench_rejects_unknown_models(capsys):
+  assert cli.main(["bench", "--models", "tiny-mlp,gpt5"]) == 2
+  assert "unknown models ['gpt5']" in capsys.readouterr().err

@@ -1,4 +1,14 @@
-"""Bad input gets a specific jaxremat error at the API boundary."""
+"""Bad input gets a specific jaxremat error at the API boundary: one case per row of
+docs/errors.md, each asserting the error class and a key phrase of its message."""
+
+import dataclasses
+import functools
+import pathlib
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+from unittest import mock
 
 import flax.linen as nn
 import jax
@@ -7,6 +17,8 @@ import pytest
 
 import jaxremat
 from jaxremat import zoo
+
+ERRORS_MD = pathlib.Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 
 
 class SkipAcrossLayers(nn.Module):
@@ -19,7 +31,7 @@ class SkipAcrossLayers(nn.Module):
     return nn.Dense(8, name="third")(y) + h
 
 
-class WithCallback(nn.Module):
+class WithPrint(nn.Module):
   @nn.compact
   def __call__(self, x):
     x = nn.Dense(8)(x)
@@ -27,64 +39,197 @@ class WithCallback(nn.Module):
     return nn.Dense(8)(x)
 
 
-def _params(model, x):
-  return model.init(jax.random.key(0), x)
+class WithCallback(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(8)(x)
+    x = jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return nn.Dense(8)(x)
 
 
-def test_skip_connection_across_layers_names_the_layers():
-  x = jnp.ones((2, 4))
-  model = SkipAcrossLayers()
-  with pytest.raises(jaxremat.NotAChainError, match=r"reads a value made by layer 1 'first'.*skipping over layer 2 'second'"):
-    jaxremat.apply(model.apply, _params(model, x), x)
+class DeeperForBigBatches(nn.Module):
+  """One more (parameter-free) layer when the batch has more than 2 rows."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(8)(x)
+    if x.shape[0] > 2:
+      x = jnp.tanh(x)
+    return nn.Dense(8)(x)
 
 
-def test_effects_are_rejected():
-  x = jnp.ones((2, 4))
-  model = WithCallback()
-  with pytest.raises(jaxremat.UnsupportedModelError, match="side effects"):
-    jaxremat.apply(model.apply, _params(model, x), x)
+X = jnp.ones((2, 4))
 
 
-def test_model_without_layers():
-  with pytest.raises(jaxremat.EmptyModelError, match="no layers"):
-    jaxremat.apply(lambda p, x: x, {"w": jnp.ones(3)}, jnp.ones(3))
-
-
-def test_non_array_leaves():
-  with pytest.raises(TypeError, match=r"params\['w'\] is a str"):
-    jaxremat.apply(lambda p, x: x * 2, {"w": "hello"}, jnp.ones(3))
-  with pytest.raises(TypeError, match="model_fn must be callable"):
-    jaxremat.apply("not a function", {}, jnp.ones(3))
-
-
-def test_unknown_method():
-  model = zoo.mlp([8, 8])
-  x = jnp.ones((2, 4))
-  with pytest.raises(jaxremat.UnknownMethodError, match="unknown method 'fastest'.*optimal"):
-    jaxremat.apply(model.apply, _params(model, x), x, method="fastest")
-
-
-def test_plan_out_of_range():
-  model = zoo.mlp([8, 8])
-  x = jnp.ones((2, 4))
-  with pytest.raises(jaxremat.InvalidPlanError, match=r"out of range for a chain of 3 layers; valid indices are 1..2"):
-    jaxremat.apply(model.apply, _params(model, x), x, plan=jaxremat.Plan((3,)))
-
-
-def test_inputs_with_other_layers_are_rejected():
+@functools.cache
+def mlp():
+  """A three-layer MLP (Dense, relu, Dense, relu, Dense: 5 layers), its params and a Remat."""
   model = zoo.mlp([8, 8, 8])
-  x = jnp.ones((2, 4))
-  params = _params(model, x)
-  r = jaxremat.apply(model.apply, params, x)
-  with pytest.raises(jaxremat.InputMismatchError, match=r"model fails on a batch of shapes \[\(2, 5\)\]"):
-    r.fn(params, jnp.ones((2, 5)))
+  params = model.init(jax.random.key(0), X)
+  return model, params, jaxremat.apply(model.apply, params, X)
 
 
-def test_params_of_another_shape_are_rejected():
-  model = zoo.mlp([8, 8, 8])
-  x = jnp.ones((2, 4))
-  params = _params(model, x)
-  r = jaxremat.apply(model.apply, params, x)
-  other = _params(model, jnp.ones((2, 5)))
-  with pytest.raises(jaxremat.InputMismatchError, match=r"params do not match.*\(5, 8\).*expected \(\(4, 8\)"):
-    r.fn(other, jnp.ones((2, 5)))
+def apply_to(model, x=X, **kwargs):
+  return jaxremat.apply(model.apply, model.init(jax.random.key(0), x), x, **kwargs)
+
+
+def apply_mlp(**kwargs):
+  model, params, _ = mlp()
+  return jaxremat.apply(model.apply, params, X, **kwargs)
+
+
+def call_drop_in(params_fn=lambda p: p, batch=X):
+  _, params, r = mlp()
+  return r.fn(params_fn(params), batch)
+
+
+CHAIN = jaxremat.Chain([4, 4, 4, 4], [4, 4, 4])
+
+
+def without_matplotlib():
+  _, _, r = mlp()
+  with mock.patch.dict(sys.modules, {"matplotlib": None, "matplotlib.pyplot": None}):
+    r.plot("unused.png")
+
+
+def other_layers_on_bigger_batch():
+  model = DeeperForBigBatches()
+  params = model.init(jax.random.key(0), X)
+  r = jaxremat.apply(model.apply, params, X)
+  r.fn(params, jnp.ones((3, 4)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  id: str
+  call: Callable[[], Any]
+  error: type
+  phrase: str  # a regular expression the message must contain
+
+
+CASES = [
+    # Arguments of the wrong type or range.
+    Case("non-array-leaf", lambda: jaxremat.apply(lambda p, x: x * 2, {"w": "hello"}, X),
+         jaxremat.InvalidArgumentError, r"params\['w'\] is a str"),
+    Case("non-array-batch", lambda: jaxremat.apply(mlp()[0].apply, mlp()[1], [1.0, 2.0]),
+         jaxremat.InvalidArgumentError, r"batch\[0\] is a float"),
+    Case("model-not-callable", lambda: jaxremat.apply("model.apply", {}, X),
+         jaxremat.InvalidArgumentError, "model_fn must be callable"),
+    Case("plan-not-a-plan", lambda: apply_mlp(plan=(1, 2)),
+         jaxremat.InvalidArgumentError, r"plan must be a jaxremat.Plan, got tuple"),
+    Case("layer-depth-negative", lambda: apply_mlp(layer_depth=-1),
+         jaxremat.InvalidArgumentError, r"layer_depth must be None or an int >= 0.*got -1"),
+    Case("layer-depth-not-int", lambda: apply_mlp(layer_depth="1"),
+         jaxremat.InvalidArgumentError, r"layer_depth must be None or an int >= 0.*got '1'"),
+    Case("solve-not-a-chain", lambda: jaxremat.solve([4, 4, 4]),
+         jaxremat.InvalidArgumentError, r"solve expects a jaxremat.Chain, got list"),
+    Case("measure-non-scalar-loss", lambda: jaxremat.measure(mlp()[0].apply, mlp()[1], X),
+         jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
+    # Models jaxremat cannot checkpoint.
+    Case("no-layers", lambda: jaxremat.apply(lambda p, x: x, {"w": jnp.ones(3)}, jnp.ones(3)),
+         jaxremat.EmptyModelError, "no layers"),
+    Case("integer-outputs",
+         lambda: jaxremat.apply(lambda p, x: jnp.argmax(mlp()[0].apply(p, x), -1), mlp()[1], X),
+         jaxremat.UnsupportedModelError, r"outputs are all of non-float dtypes \['int32'\]"),
+    Case("side-effects", lambda: apply_to(WithPrint()),
+         jaxremat.UnsupportedModelError, "has side effects"),
+    Case("host-callback", lambda: apply_to(WithCallback()),
+         jaxremat.UnsupportedModelError, r"'pure_callback' in WithCallback.*host callback"),
+    Case("gradient-inside-model",
+         lambda: jaxremat.apply(jax.grad(lambda p, x: mlp()[0].apply(p, x).sum()), mlp()[1], X),
+         jaxremat.UnsupportedModelError, "computes a gradient itself"),
+    Case("not-a-chain", lambda: apply_to(SkipAcrossLayers()),
+         jaxremat.NotAChainError,
+         r"layer 4 '\(add\)' reads a value made by layer 1 'first'.*skipping over layer 2 'second'"),
+    # Methods and budgets.
+    Case("unknown-method", lambda: apply_mlp(method="fastest"),
+         jaxremat.UnknownMethodError, r"unknown method 'fastest'.*'optimal'"),
+    Case("budget-below-least", lambda: apply_mlp(budget_bytes=1000),
+         jaxremat.InfeasibleBudgetError, r"below the least footprint any plan reaches, \d+ bytes"),
+    Case("budget-negative", lambda: apply_mlp(budget_bytes=-5),
+         jaxremat.InvalidBudgetError, "non-negative number of bytes, got -5"),
+    Case("budget-not-a-number", lambda: apply_mlp(budget_bytes="1GB"),
+         jaxremat.InvalidArgumentError, r"budget_bytes must be a number of bytes.*'1GB'"),
+    Case("budget-nan", lambda: apply_mlp(budget_bytes=float("nan")),
+         jaxremat.InvalidBudgetError, r"number of bytes or \+inf, got nan"),
+    Case("budget-with-other-method", lambda: apply_mlp(budget_bytes=10**6, method="sqrt"),
+         jaxremat.InvalidBudgetError, "cannot be combined with method='sqrt'"),
+    Case("solve-budget-missing", lambda: jaxremat.solve(CHAIN, "budget"),
+         jaxremat.InvalidBudgetError, "method='budget' needs budget_bytes"),
+    Case("solve-budget-not-taken", lambda: jaxremat.solve(CHAIN, "optimal", budget_bytes=10),
+         jaxremat.InvalidBudgetError, "method='optimal' takes no budget"),
+    Case("solve-budget-below-least", lambda: jaxremat.solve(CHAIN, "budget", budget_bytes=5),
+         jaxremat.InfeasibleBudgetError, r"below the least peak any plan reaches, \d+ bytes"),
+    Case("chain-too-long", lambda: jaxremat.solve(jaxremat.Chain([1] * 31, [1] * 30), "brute"),
+         jaxremat.ChainTooLongError, "accepts at most 20 layers; this chain has 30"),
+    # Plans and chains.
+    Case("checkpoint-out-of-range", lambda: apply_mlp(plan=jaxremat.Plan((5,))),
+         jaxremat.InvalidPlanError, r"out of range for a chain of 5 layers; valid indices are 1..4"),
+    Case("checkpoints-unsorted", lambda: jaxremat.Plan((3, 1)),
+         jaxremat.InvalidPlanError, r"strictly increasing, got \(3, 1\)"),
+    Case("plan-for-longer-chain", lambda: jaxremat.peak_bytes(CHAIN, jaxremat.Plan((2, 7))),
+         jaxremat.InvalidPlanError, r"indices \[7\] are out of range for a chain of 3 layers"),
+    Case("inner-outside-segment",
+         lambda: jaxremat.simulate_peak_bytes(CHAIN, jaxremat.Plan((1,), inner=((1, jaxremat.Plan((1,))),))),
+         jaxremat.InvalidPlanError, r"inner checkpoints \[1\] lie outside the segment \(1, 3\]"),
+    Case("nested-plan-in-peak-bytes",
+         lambda: jaxremat.peak_bytes(CHAIN, jaxremat.Plan((1,), inner=((1, jaxremat.Plan((2,))),))),
+         jaxremat.InvalidPlanError, "simulate_peak_bytes"),
+    Case("chain-lengths-disagree", lambda: jaxremat.Chain([1, 2], [1, 1]),
+         jaxremat.InvalidChainError, "act_bytes has 2 entries, expected 3"),
+    Case("chain-negative-bytes", lambda: jaxremat.Chain([1, -2, 1], [1, 1]),
+         jaxremat.InvalidChainError, "act_bytes must be non-negative"),
+    # The drop-in called with other inputs.
+    Case("drop-in-batch-shape", lambda: call_drop_in(batch=jnp.ones((2, 5))),
+         jaxremat.InputMismatchError, r"model fails on a batch of shapes \[\(2, 5\)\]"),
+    Case("drop-in-batch-structure", lambda: call_drop_in(batch={"x": X}),
+         jaxremat.InputMismatchError, r"batch has structure .*'x'.*but the plan was made for"),
+    Case("drop-in-params-dtype",
+         lambda: call_drop_in(lambda p: jax.tree.map(lambda a: a.astype(jnp.bfloat16), p)),
+         jaxremat.InputMismatchError, r"params do not match.*'bfloat16'\) \(expected .*'float32'"),
+    Case("drop-in-params-shape",
+         lambda: call_drop_in(lambda p: mlp()[0].init(jax.random.key(0), jnp.ones((2, 5)))),
+         jaxremat.InputMismatchError, r"params do not match.*\(5, 8\).*expected \(\(4, 8\)"),
+    Case("drop-in-other-layers", other_layers_on_bigger_batch,
+         jaxremat.InputMismatchError, r"with these inputs the model has layers .*call jaxremat.apply again"),
+    # Reports.
+    Case("plot-unknown-method", lambda: mlp()[2].plot("unused.png", compare=("fast",)),
+         jaxremat.UnknownMethodError, "unknown method 'fast'"),
+    Case("plot-without-matplotlib", without_matplotlib,
+         ImportError, r'pip install "jaxremat\[plot\]"'),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_rejected(case, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # nothing may be written, but never into the repository
+  with pytest.raises(case.error, match=case.phrase) as info:
+    case.call()
+  err = info.value
+  if case.error is not ImportError:
+    assert isinstance(err, jaxremat.JaxrematError)
+  if isinstance(err, jaxremat.InfeasibleBudgetError):  # the message states the least figure
+    assert f"{err.min_feasible_bytes} bytes" in str(err)
+    assert err.min_feasible_bytes > err.budget_bytes
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_the_table_in_docs_lists_every_case_with_its_class():
+  rows = re.findall(r"^\| `([a-z0-9-]+)` \|[^|]*\|[^|]*\| `(\w+)` \|", ERRORS_MD.read_text(), re.M)
+  assert [row_id for row_id, _ in rows] == [c.id for c in CASES]
+  assert [name for _, name in rows] == [c.error.__name__ for c in CASES]
+
+
+def test_budget_error_carries_the_least_budget_that_works():
+  model, params, _ = mlp()
+  with pytest.raises(jaxremat.InfeasibleBudgetError) as info:
+    apply_mlp(budget_bytes=1000)
+  r = jaxremat.apply(model.apply, params, X, budget_bytes=info.value.min_feasible_bytes,
+                     verify=False)
+  assert r.predicted_total_bytes <= info.value.min_feasible_bytes
+
+
+def test_argument_errors_are_also_type_errors():
+  """Callers that caught TypeError before InvalidArgumentError existed still do."""
+  with pytest.raises(TypeError):
+    jaxremat.solve("chain")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jaxremat._chain import Chain, Plan
-from jaxremat._errors import InvalidBudgetError, UnknownMethodError
+from jaxremat._errors import InvalidArgumentError, InvalidBudgetError, UnknownMethodError
 from jaxremat.solvers._baselines import (solve_best_uniform, solve_every_layer, solve_none,
                                          solve_sqrt, uniform_plan)
 from jaxremat.solvers._brute import solve_brute
@@ -72,10 +72,11 @@ def solve(chain: Chain, method: str = "optimal", *,
       method that takes none, NaN or -inf.
     InfeasibleBudgetError: no plan peaks within ``budget_bytes``; its
       ``min_feasible_bytes`` is the least budget that works.
-    TypeError: ``chain`` is not a ``Chain``, or ``budget_bytes`` not a number.
+    InvalidArgumentError: (a TypeError) ``chain`` is not a ``Chain``, or
+      ``budget_bytes`` not a number.
   """
   if not isinstance(chain, Chain):
-    raise TypeError(f"solve expects a jaxremat.Chain, got {type(chain).__name__}.")
+    raise InvalidArgumentError(f"solve expects a jaxremat.Chain, got {type(chain).__name__}.")
   try:
     known = method in SOLVERS or method in BUDGET_SOLVERS
   except TypeError:  # unhashable

@@ -8,7 +8,7 @@ import numbers
 import operator
 
 from jaxremat._chain import Chain, Plan, peak_bytes
-from jaxremat._errors import InfeasibleBudgetError, InvalidBudgetError
+from jaxremat._errors import InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError
 from jaxremat.solvers._optimal import solve_optimal
 from jaxremat.solvers._terms import terms
 
@@ -17,12 +17,13 @@ def budget_as_int(budget_bytes: object) -> int | None:
   """``budget_bytes`` as whole bytes: integers as they are, floats rounded down, +inf as None.
 
   Raises:
-    TypeError: not a real number (or a bool).
+    InvalidArgumentError: (a TypeError) not a real number (or a bool).
     InvalidBudgetError: NaN or -inf.
   """
   if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real):
-    raise TypeError(f"budget_bytes must be a number of bytes, got {type(budget_bytes).__name__} "
-                    f"{budget_bytes!r}.")
+    raise InvalidArgumentError(
+        f"budget_bytes must be a number of bytes, got {type(budget_bytes).__name__} "
+        f"{budget_bytes!r}.")
   if isinstance(budget_bytes, numbers.Integral):
     return operator.index(budget_bytes)
   value = float(budget_bytes)

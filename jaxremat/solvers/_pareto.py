@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 
 from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops
+from jaxremat._errors import InvalidArgumentError
 from jaxremat.solvers._budget import least_peak_plan, prefix_flops
 
 
@@ -29,10 +30,10 @@ def pareto(chain: Chain) -> list[tuple[int, int, Plan]]:
     one recomputes the fewest FLOPs.
 
   Raises:
-    TypeError: ``chain`` is not a ``Chain``.
+    InvalidArgumentError: (a TypeError) ``chain`` is not a ``Chain``.
   """
   if not isinstance(chain, Chain):
-    raise TypeError(f"pareto expects a jaxremat.Chain, got {type(chain).__name__}.")
+    raise InvalidArgumentError(f"pareto expects a jaxremat.Chain, got {type(chain).__name__}.")
   n = chain.n
   prefix = prefix_flops(chain)
   hi = max(n, 1)  # last checkpoints range over 0..n-1
