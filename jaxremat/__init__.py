@@ -17,6 +17,7 @@ from jaxremat._errors import JaxrematError as JaxrematError
 from jaxremat._errors import NotAChainError as NotAChainError
 from jaxremat._errors import UnknownMethodError as UnknownMethodError
 from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
+from jaxremat._errors import UnsupportedScanError as UnsupportedScanError
 from jaxremat._measure import Footprint as Footprint
 from jaxremat._measure import compile_footprint as compile_footprint
 from jaxremat._measure import measure as measure
@@ -43,6 +44,7 @@ __all__ = (
     "Remat",
     "UnknownMethodError",
     "UnsupportedModelError",
+    "UnsupportedScanError",
     "apply",
     "compile_footprint",
     "measure",
