@@ -18,7 +18,7 @@ from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._simulate import simulate_peak_bytes
 from jaxremat._profile import Buffers, profile
 from jaxremat._refine import refine as refine_plan
-from jaxremat import _scan
+from jaxremat import _scan, _sharding
 from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
 from jaxremat._measure import measure
 from jaxremat.solvers import solve, uniform_plan
@@ -135,6 +135,10 @@ def apply(
       It must be a chain of layers at the chosen granularity.
     params: the variables (any pytree of arrays).
     batch: an example batch (any pytree of arrays) with the shapes used in training.
+      When params or batch are jax.Arrays sharded over several devices (e.g. with a
+      ``NamedSharding``), every byte count and prediction is per device: a sharded
+      input counts one shard, and each activation the fraction XLA's sharding
+      propagation gives it (one compile of the forward pass).
     method: a solver name (see ``jaxremat.solve``); ignored when ``plan`` is given.
       Among plans of equal model-R peak, ``"optimal"`` takes one that recomputes least.
     budget_bytes: fit the training step in this many bytes (the footprint
@@ -192,6 +196,12 @@ def apply(
   chain = _scan.with_workspace(prof.chain, scans) if scans else prof.chain
   start = time.perf_counter()
   fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
+  if _sharding.is_sharded((params, batch, arrays)):  # bytes per device from here on
+    prof = _sharding.per_device_profile(
+        traced, dataclasses.replace(prof, chain=chain), jax.tree_util.tree_leaves((params, batch, arrays)))
+    chain = prof.chain
+    fixed = (_sharding.tree_device_bytes((params, batch, arrays))
+             + _sharding.tree_device_bytes(params, floats_only=True))
   key = _key(params, batch, model_kwargs)
   verified = None
   if verify is None:
