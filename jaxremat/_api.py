@@ -155,19 +155,21 @@ def apply(
       float outputs) for the chosen plan, model R's optimum and the three best uniform
       plans by the estimate, and keep the one XLA measures smallest (ties: least
       recompute); with ``scan_segment="auto"``, first measure every segment length of
-      each scanned stack likewise. With ``budget_bytes``, instead tighten the plan until XLA's footprint
-      fits the budget. Costs one whole-step compile per candidate; the figures are kept
-      in ``Remat.verified``. Default: on with ``budget_bytes``, off otherwise.
+      each scanned stack likewise. With ``budget_bytes``, instead tighten the plan
+      until XLA's footprint fits the budget. Costs one whole-step compile per
+      candidate; the figures are kept in ``Remat.verified``. Default: on with
+      ``budget_bytes``, off otherwise.
     calibrate: compile each layer's backward alone and add what XLA's temp needs beyond
       its residuals as workspace (one small compile per layer; helps where XLA expands
       an operation, e.g. max-pool gradients on CPU, and overestimates elsewhere).
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) run as an outer scan over segments of ``k`` iterations, each segment
-      under ``jax.checkpoint``. ``"auto"``: ``k`` (a divisor of the length) of least
-      model-R peak for the stack; an int: that ``k`` for every stack; ``None``: scans
-      are left as they are (one opaque layer). Other scans (over batch data, e.g. an
-      RNN over time) are always left as they are.
+      under ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) of
+      least estimated peak for the stack (``jaxremat._scan.choose_segment``); an int:
+      that ``k`` for every stack; ``None``: scans are left as they are (one opaque
+      layer). Other scans (over batch data, e.g. an RNN over time) are always left as
+      they are.
     **model_kwargs: passed to ``model_fn`` on every call (``rngs=``, ``mutable=``,
       ``train=``); array leaves are traced, the rest is static.
 
@@ -197,8 +199,8 @@ def apply(
   start = time.perf_counter()
   fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
   if _sharding.is_sharded((params, batch, arrays)):  # bytes per device from here on
-    prof = _sharding.per_device_profile(
-        traced, dataclasses.replace(prof, chain=chain), jax.tree_util.tree_leaves((params, batch, arrays)))
+    flat = jax.tree_util.tree_leaves((params, batch, arrays))
+    prof = _sharding.per_device_profile(traced, dataclasses.replace(prof, chain=chain), flat)
     chain = prof.chain
     fixed = (_sharding.tree_device_bytes((params, batch, arrays))
              + _sharding.tree_device_bytes(params, floats_only=True))

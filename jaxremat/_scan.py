@@ -63,7 +63,8 @@ class ScanPlan:
     return _segment_copy_bytes(self.chain, self.segment) * 2 if self.rematerialised else 0
 
 
-def rewrite(traced: TracedChain, segment: int | str | Sequence[int]) -> tuple[TracedChain, tuple[ScanPlan, ...]]:
+def rewrite(traced: TracedChain,
+            segment: int | str | Sequence[int]) -> tuple[TracedChain, tuple[ScanPlan, ...]]:
   """Finds the scanned layer stacks of ``traced`` and segments them.
 
   Args:
@@ -79,8 +80,12 @@ def rewrite(traced: TracedChain, segment: int | str | Sequence[int]) -> tuple[Tr
       (reverse, or its carry is not the activation), a requested ``k`` that does not
       divide the length, or an int ``segment`` for a model without a scanned stack.
   """
+  single = isinstance(segment, int) and not isinstance(segment, bool)
+  if not (segment == "auto" or (single and segment >= 1) or isinstance(segment, (list, tuple))):
+    raise UnsupportedScanError(
+        f"scan_segment must be 'auto', a segment length >= 1 or None, got {segment!r}.")
   found = _find(traced)
-  if isinstance(segment, int) and not isinstance(segment, bool) and not found:
+  if single and not found:
     raise UnsupportedScanError(
         f"scan_segment={segment} asks to segment a scanned layer stack, but the model has "
         "none at its top level (a jax.lax.scan / nn.scan whose carry is the activation and "

@@ -2,11 +2,11 @@
 
 Tracing sees global shapes; XLA's compiled statistics of a sharded program are per
 device. A sharded input contributes the bytes of one shard. For the activations, the
-layer outputs of the whole forward pass are compiled once with the given input
-shardings and the shardings XLA propagates to them are read back: each layer's
-output, cotangent and residuals are scaled by its output's per-device fraction (the
-part of a residual that is the layer's input by the input's fraction).
-"""
+forward pass (each layer under ``jax.vjp``) is compiled once with the inputs' shardings
+and the shardings XLA propagates to each layer output and residual are read back: a
+layer's output and cotangent scale by its output's per-device fraction, the residuals
+it computes by theirs, the residual that is its own input by the input's. Buffers of
+collectives (an all-gathered input kept for the backward) are not modelled."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def per_device_profile(traced: TracedChain, prof: Profile, flat_inputs: Sequence
     seen.update(mine)
     grads.append(tuple(device_bytes(leaf[v]) for v in mine))
   buffers = Buffers(
-      residuals=tuple(tuple(scale(b, res_f[i]) for b in r) for i, r in enumerate(prof.buffers.residuals)),
+      residuals=tuple(tuple(scale(b, res_f[i]) for b in r)
+                      for i, r in enumerate(prof.buffers.residuals)),
       inputs=tuple(tuple(scale(b, act_f[i]) for b in r) for i, r in enumerate(prof.buffers.inputs)),
       param_grads=tuple(grads))
   chain = Chain(act, res, cot_bytes=cot, input_res_bytes=own, workspace_bytes=work,
@@ -71,7 +72,6 @@ def fractions(traced: TracedChain, flat_inputs: Sequence[Any]) -> tuple[list[flo
   layer of the residuals it computes (one compile of the forward pass, each layer under
   ``jax.vjp``, with the inputs' shardings; read from XLA's output shardings)."""
   layers = traced.layers
-  n = len(layers)
   batch_vars = set(traced.batch_vars)
   grad_invariants = set(traced.param_vars) | set(traced.prelude_outputs)
   first = [v for v in layers[0].invariants if v in batch_vars]
@@ -84,23 +84,25 @@ def fractions(traced: TracedChain, flat_inputs: Sequence[Any]) -> tuple[list[flo
   def forward(*args):
     env = dict(zip(base, args))
     env.update(zip(traced.prelude_outputs, prelude(*args)))
-    avals, residuals = [], []
+    acts, residuals = [], []
     for (vjp, in_vars, out_vars), want in zip(vjps, outs):
       ins = [env[v] for v in in_vars]
       values, vjp_fn = vjp(*ins)
       env.update(zip(out_vars, values))
-      avals.append([env[v] for v in want])
+      acts.append([env[v] for v in want])
       residuals.append([r for r in jax.tree_util.tree_leaves(vjp_fn)
                         if not any(r is x for x in ins) and getattr(r, "ndim", 0) > 0])
-    return avals, residuals
+    return acts, residuals
 
   compiled = jax.jit(forward).lower(*flat_inputs, *traced.consts).compile()
   acts, res = jax.eval_shape(forward, *flat_inputs, *traced.consts)
   act_sh, res_sh = compiled.output_shardings
   act_f = [_ratio([(x, x.sharding.shard_shape(x.shape)) for x in
                    (dict(zip(traced.input_vars, flat_inputs))[v] for v in first)])]
-  act_f += [_ratio([(x, sh.shard_shape(x.shape)) for x, sh in zip(a, s)]) for a, s in zip(acts, act_sh)]
-  res_f = [_ratio([(x, sh.shard_shape(x.shape)) for x, sh in zip(r, s)]) for r, s in zip(res, res_sh)]
+  act_f += [_ratio([(x, sh.shard_shape(x.shape)) for x, sh in zip(a, s)])
+            for a, s in zip(acts, act_sh)]
+  res_f = [_ratio([(x, sh.shard_shape(x.shape)) for x, sh in zip(r, s)])
+           for r, s in zip(res, res_sh)]
   return act_f, res_f
 
 
