@@ -67,6 +67,26 @@ def _remat_scan():
   return model, model.init(KEY, x), x
 
 
+class TwoStacks(nn.Module):
+  """Two scanned stacks in a chain, of different widths and lengths."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(32)(x)
+    x, _ = nn.scan(MLPBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+                   length=6)(name="first")(x, None)
+    x = nn.Dense(48)(x)
+    x, _ = nn.scan(MLPBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+                   length=4)(name="second")(x, None)
+    return nn.Dense(4)(x)
+
+
+def _two_stacks():
+  model = TwoStacks()
+  x = jax.random.normal(KEY, (32, 8))
+  return model, model.init(KEY, x), x
+
+
 def _mlp():
   model = Stacked(MLPBlock, depth=8, width=64)
   x = jax.random.normal(KEY, (64, 8))
@@ -96,7 +116,7 @@ def _hand_written():
 
 
 MODELS = {"nn.scan-mlp": _mlp, "nn.scan-preln-transformer": _transformer, "lax.scan": _hand_written,
-          "nn.remat_scan": _remat_scan}
+          "nn.remat_scan": _remat_scan, "two-stacks": _two_stacks}
 
 
 def _apply_fn(model):
@@ -115,7 +135,7 @@ def _close(want, got, tol=1e-5):
 
 CASES = [("nn.scan-mlp", "auto"), ("nn.scan-mlp", 1),
          ("nn.scan-preln-transformer", "auto"), ("lax.scan", "auto"), ("lax.scan", 4),
-         ("nn.remat_scan", 2)]
+         ("nn.remat_scan", 2), ("two-stacks", 2)]
 
 
 @pytest.mark.parametrize("name,segment", CASES)
@@ -123,9 +143,10 @@ def test_gradients_equal_plain(name, segment):
   model, params, x = MODELS[name]()
   fn = _apply_fn(model)
   r = jaxremat.apply(fn, params, x, scan_segment=segment)
-  (stack,) = r.scans
-  assert stack.segment == (segment if segment != "auto" else stack.segment) < stack.length
-  assert any(e.primitive.name == "jit" for e in r.traced.layers[stack.layer].eqns)
+  assert r.scans and len(r.scans) == (2 if name == "two-stacks" else 1)
+  for stack in r.scans:
+    assert stack.segment == (segment if segment != "auto" else stack.segment) < stack.length
+    assert any(e.primitive.name == "jit" for e in r.traced.layers[stack.layer].eqns)
   want = jax.jit(jax.value_and_grad(_loss(fn)))(params, x)
   _close(want, jax.jit(jax.value_and_grad(_loss(r.fn)))(params, x))
 
