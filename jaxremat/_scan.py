@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.extend import core as jex_core
 
 from jaxremat import _compat
 from jaxremat._chain import Chain, Plan, peak_bytes
@@ -69,7 +70,7 @@ def rewrite(traced: TracedChain,
 
   Args:
     traced: the traced model.
-    segment: ``"auto"`` (choose each stack's ``k`` under model R), an int (the same
+    segment: ``"auto"`` (each stack's ``k`` by ``choose_segment``), an int (the same
       ``k`` for every stack), or one ``k`` per stack in order (to replay a choice).
 
   Returns:
@@ -227,7 +228,7 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int) -> _compat.JaxprEqn:
   """An equation computing what ``eqn`` (a forward scan of length ``n``) computes, as an
   outer scan over ``n / k`` segments, each a ``jax.checkpoint`` of a scan over ``k``."""
   params = eqn.params
-  body = jax.extend.core.jaxpr_as_fun(params["jaxpr"])
+  body = jex_core.jaxpr_as_fun(params["jaxpr"])
   nc, ncarry, n = params["num_consts"], params["num_carry"], params["length"]
   m = n // k
 
