@@ -6,7 +6,6 @@ import json
 import os
 import sys
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,16 +17,17 @@ from jaxremat import zoo
 
 
 def main() -> None:
-  assert jax.device_count() == 8, f"expected 8 devices, got {jax.devices()} ({os.environ.get('XLA_FLAGS')})"
+  flags = os.environ.get("XLA_FLAGS")
+  assert jax.device_count() == 8, f"expected 8 devices, got {jax.devices()} (XLA_FLAGS={flags})"
   mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
   model = zoo.mlp([128] * 8 + [16])
   x = jax.random.normal(jax.random.key(1), (2048, 32))
   params = model.init(jax.random.key(0), x)
 
-  def spec(path, leaf):
+  def spec(path):
     return P(None, "model") if jax.tree_util.keystr(path).endswith("['kernel']") else P()
 
-  p_shard = jax.tree_util.tree_map_with_path(lambda p, l: NamedSharding(mesh, spec(p, l)), params)
+  p_shard = jax.tree_util.tree_map_with_path(lambda p, l: NamedSharding(mesh, spec(p)), params)
   params_s = jax.device_put(params, p_shard)
   x_s = jax.device_put(x, NamedSharding(mesh, P("data", None)))
 
@@ -50,7 +50,9 @@ def main() -> None:
   fp_none = jaxremat.measure(loss(model.apply), params_s, x_s)
   fp_global = jaxremat.measure(loss(r.fn), params, x)
   print(json.dumps({
-      "devices": jax.device_count(), "mesh": dict(mesh.shape), "checkpoints": list(r.plan.checkpoints),
+      "devices": jax.device_count(), "mesh": dict(mesh.shape),
+      "checkpoints": list(r.plan.checkpoints),
+      "profiled_input_bytes": r.chain.act_bytes[0], "batch_shard_bytes": _sharding.device_bytes(x_s),
       "measured_remat": fp_remat.total_bytes, "predicted_remat": r.predicted_total_bytes,
       "measured_none": fp_none.total_bytes, "predicted_none": none.predicted_total_bytes,
       "argument_bytes": fp_remat.argument_bytes,

@@ -18,8 +18,8 @@ TOLERANCE = 0.25  # per-device prediction vs XLA's figure; collectives' buffers 
 
 @pytest.fixture(scope="module")
 def figures():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             PYTHONPATH=os.pathsep.join([str(SCRIPT.parent.parent), os.environ.get("PYTHONPATH", "")]))
+  path = os.pathsep.join([str(SCRIPT.parent.parent), os.environ.get("PYTHONPATH", "")])
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=path)
   done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True,
                         timeout=300)
   assert done.returncode == 0, done.stderr[-4000:]  # includes the gradient check's message
@@ -35,6 +35,10 @@ def test_xla_statistics_are_per_device(figures):
   assert figures["argument_bytes"] == figures["params_batch_bytes_per_device"]
   assert figures["argument_bytes"] < figures["params_batch_bytes"]
   assert figures["measured_remat"] < figures["measured_one_device"]
+
+
+def test_profile_is_per_device(figures):
+  assert figures["profiled_input_bytes"] == figures["batch_shard_bytes"]
 
 
 def test_remat_lowers_the_per_device_footprint(figures):
