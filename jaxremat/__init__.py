@@ -18,6 +18,7 @@ from jaxremat._errors import JaxrematError as JaxrematError
 from jaxremat._errors import NotAChainError as NotAChainError
 from jaxremat._errors import UnknownMethodError as UnknownMethodError
 from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
+from jaxremat._errors import UnsupportedScanError as UnsupportedScanError
 from jaxremat._measure import Footprint as Footprint
 from jaxremat._measure import compile_footprint as compile_footprint
 from jaxremat._measure import measure as measure
@@ -46,6 +47,7 @@ __all__ = (
     "Remat",
     "UnknownMethodError",
     "UnsupportedModelError",
+    "UnsupportedScanError",
     "apply",
     "apply_nnx",
     "compile_footprint",

@@ -20,6 +20,7 @@ from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._simulate import simulate_peak_bytes
 from jaxremat._profile import Buffers, profile
 from jaxremat._refine import refine as refine_plan
+from jaxremat import _scan, _sharding
 from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
 from jaxremat._measure import measure
 from jaxremat.solvers import solve, uniform_plan
@@ -42,6 +43,8 @@ class Remat:
     fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
     verified: with ``apply(verify=True)``, XLA's footprint (bytes) of each candidate
       plan's training step, by checkpoints.
+    scans: one ``ScanPlan`` per scanned layer stack (its segment length, its uniform
+      chain), in order.
   """
 
   fn: Callable[..., Any]
@@ -52,6 +55,7 @@ class Remat:
   traced: TracedChain = dataclasses.field(repr=False)
   buffers: Buffers = dataclasses.field(repr=False)
   verified: dict[tuple[int, ...], int] | None = None
+  scans: tuple[_scan.ScanPlan, ...] = ()
 
   @property
   def predicted_peak_bytes(self) -> int:
@@ -119,6 +123,11 @@ class Remat:
           f"{method:<14}{len(plan.checkpoints):>12}{_fmt(simulate_peak_bytes(chain, plan)):>16}"
           f"{_fmt(self.predict_total_bytes(plan)):>18}{recompute_flops(chain, plan) / 1e9:>18.3f}")
     lines.append(f"chosen: {self.plan.method} checkpoints={list(self.plan.checkpoints)}")
+    for s in self.scans:
+      lines.append(
+          f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "
+          f"{s.segment} (model-R peak {_fmt(s.peak_bytes)}; optimal plan "
+          f"{_fmt(s.optimal_peak_bytes)}; none {_fmt(peak_bytes(s.chain, Plan()))})")
     return "\n".join(lines)
 
 
@@ -141,6 +150,7 @@ def apply(
     refine: bool = True,
     verify: bool | None = None,
     calibrate: bool = False,
+    scan_segment: int | str | None = "auto",
     **model_kwargs: Any,
 ) -> Remat:
   """Chooses checkpoints for ``model_fn`` and returns a rematerialised drop-in.
@@ -150,6 +160,10 @@ def apply(
       It must be a chain of layers at the chosen granularity.
     params: the variables (any pytree of arrays).
     batch: an example batch (any pytree of arrays) with the shapes used in training.
+      When params or batch are jax.Arrays sharded over several devices (e.g. with a
+      ``NamedSharding``), every byte count and prediction is per device: a sharded
+      input counts one shard, and each activation the fraction XLA's sharding
+      propagation gives it (one compile of the forward pass).
     method: a solver name (see ``jaxremat.solve``); ignored when ``plan`` is given.
       Among plans of equal model-R peak, ``"optimal"`` takes one that recomputes least.
     budget_bytes: fit the training step in this many bytes (the footprint
@@ -166,12 +180,22 @@ def apply(
     verify: compile the training step (``jax.grad`` of a sum of mean squares of the
       float outputs) for the chosen plan, model R's optimum and the three best uniform
       plans by the estimate, and keep the one XLA measures smallest (ties: least
-      recompute). With ``budget_bytes``, instead tighten the plan until XLA's footprint
-      fits the budget. Costs one whole-step compile per candidate; the figures are kept
-      in ``Remat.verified``. Default: on with ``budget_bytes``, off otherwise.
+      recompute); with ``scan_segment="auto"``, first measure every segment length of
+      each scanned stack likewise. With ``budget_bytes``, instead tighten the plan
+      until XLA's footprint fits the budget. Costs one whole-step compile per
+      candidate; the figures are kept in ``Remat.verified``. Default: on with
+      ``budget_bytes``, off otherwise.
     calibrate: compile each layer's backward alone and add what XLA's temp needs beyond
       its residuals as workspace (one small compile per layer; helps where XLA expands
       an operation, e.g. max-pool gradients on CPU, and overestimates elsewhere).
+    scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
+      level of a layer, whose carry is the activation and whose ``xs`` are stacked
+      parameters) run as an outer scan over segments of ``k`` iterations, each segment
+      under ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) of
+      least estimated peak for the stack (``jaxremat._scan.choose_segment``); an int:
+      that ``k`` for every stack; ``None``: scans are left as they are (one opaque
+      layer). Other scans (over batch data, e.g. an RNN over time) are always left as
+      they are.
     **model_kwargs: passed to ``model_fn`` on every call (``rngs=``, ``mutable=``,
       ``train=``); array leaves are traced, the rest is static.
 
@@ -180,9 +204,10 @@ def apply(
 
   Raises:
     NotAChainError, EmptyModelError, UnsupportedModelError, UnknownMethodError,
-    InvalidPlanError, InvalidBudgetError, InfeasibleBudgetError, and
-    InvalidArgumentError (a TypeError) for arguments of the wrong type or range; the
-    table in docs/errors.md lists each case.
+    InvalidPlanError, InvalidBudgetError, InfeasibleBudgetError, UnsupportedScanError
+    (a reverse scan over stacked parameters, or one whose carry is not the
+    activation), and InvalidArgumentError (a TypeError) for arguments of the wrong
+    type or range; the table in docs/errors.md lists each case.
   """
   if not callable(model_fn):
     raise InvalidArgumentError(
@@ -194,11 +219,24 @@ def apply(
     budget_bytes = _check_budget(budget_bytes)
   traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   _check_float_output(traced)
+  scans: tuple[_scan.ScanPlan, ...] = ()
+  if scan_segment is not None:
+    if verify and scan_segment == "auto":
+      scan_segment = _measured_segments(traced, lambda t, s: measure(_scalar_loss(
+          _DropIn(model_fn, Plan(), layer_depth, t, _key(params, batch, model_kwargs), s),
+          model_kwargs), params, batch).total_bytes)
+    traced, scans = _scan.rewrite(traced, scan_segment)
   arrays, _, _ = split_kwargs(model_kwargs)
   prof = profile(traced, calibrate=calibrate)
-  chain = prof.chain
+  chain = _scan.with_workspace(prof.chain, scans) if scans else prof.chain
   start = time.perf_counter()
   fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
+  if _sharding.is_sharded((params, batch, arrays)):  # bytes per device from here on
+    flat = jax.tree_util.tree_leaves((params, batch, arrays))
+    prof = _sharding.per_device_profile(traced, dataclasses.replace(prof, chain=chain), flat)
+    chain = prof.chain
+    fixed = (_sharding.tree_device_bytes((params, batch, arrays))
+             + _sharding.tree_device_bytes(params, floats_only=True))
   key = _key(params, batch, model_kwargs)
   verified = None
   if verify is None:
@@ -216,7 +254,7 @@ def apply(
                   *_best_uniform_plans(chain, prof.buffers, 3)]
       plan, verified = _fit_measured(
           chain, plan, budget_bytes, fixed, fallback,
-          lambda p: measure(_scalar_loss(_DropIn(model_fn, p, layer_depth, traced, key),
+          lambda p: measure(_scalar_loss(_DropIn(model_fn, p, layer_depth, traced, key, scans),
                                          model_kwargs), params, batch).total_bytes)
   elif plan is None:
     plan = solve(chain, method)
@@ -233,15 +271,29 @@ def apply(
     candidates = [plan, solve(chain, "optimal"), *_best_uniform_plans(chain, prof.buffers, 3)]
     verified = {}
     for candidate in dict.fromkeys(Plan(c.checkpoints) for c in candidates):
-      drop_in = _DropIn(model_fn, candidate, layer_depth, traced, key)
+      drop_in = _DropIn(model_fn, candidate, layer_depth, traced, key, scans)
       verified[candidate.checkpoints] = measure(
           _scalar_loss(drop_in, model_kwargs), params, batch).total_bytes
     best = min(verified, key=lambda c: (verified[c], recompute_flops(chain, Plan(c))))
     if best != plan.checkpoints:
       plan = Plan(best, method=f"{plan.method}+verified")
-  fn = _DropIn(model_fn, plan, layer_depth, traced, key)
+  fn = _DropIn(model_fn, plan, layer_depth, traced, key, scans)
   return Remat(fn=fn, plan=plan, chain=chain, solve_seconds=seconds, fixed_bytes=fixed, traced=traced,
-               buffers=prof.buffers, verified=verified)
+               buffers=prof.buffers, verified=verified, scans=scans)
+
+
+def _measured_segments(traced: TracedChain, measured_bytes: Callable[..., int]) -> Any:
+  """Per scanned stack, the segment length (a divisor of its length) whose training
+  step XLA measures smallest, one stack at a time, the others as model R chose."""
+  _, scans = _scan.rewrite(traced, "auto")
+  segments = [s.segment for s in scans]
+  for j, s in enumerate(scans):
+    sizes = {}
+    for k in _scan.divisors(s.length):
+      trial = (*segments[:j], k, *segments[j + 1:])
+      sizes[k] = measured_bytes(*_scan.rewrite(traced, trial))
+    segments[j] = min(sizes, key=lambda k: (sizes[k], -k))
+  return tuple(segments) if scans else "auto"
 
 
 def _best_uniform_plans(chain: Chain, buffers: Buffers, count: int) -> list[Plan]:
@@ -400,8 +452,9 @@ class _DropIn:
   the model; the plan is reused when the new trace has the same layers.
   """
 
-  def __init__(self, model_fn, plan, layer_depth, traced, key):
+  def __init__(self, model_fn, plan, layer_depth, traced, key, scans=()):
     self._model_fn = model_fn
+    self._segments = tuple(s.segment for s in scans) if scans else None
     self._plan = plan
     self._layer_depth = layer_depth
     self._names = tuple(layer.name for layer in traced.layers)
@@ -417,6 +470,8 @@ class _DropIn:
             f"batch has structure {key[1][0]}, but the plan was made for {self._batch_key[0]}.")
       try:
         traced = trace(self._model_fn, params, batch, kwargs, self._layer_depth)
+        if self._segments is not None:
+          traced, _ = _scan.rewrite(traced, self._segments)
       except JaxrematError:
         raise
       except Exception as err:

@@ -70,3 +70,7 @@ def _rebuild_infeasible(message: str, budget_bytes: int,
                         min_feasible_bytes: int) -> InfeasibleBudgetError:
   return InfeasibleBudgetError(message, budget_bytes=budget_bytes,
                                min_feasible_bytes=min_feasible_bytes)
+
+
+class UnsupportedScanError(UnsupportedModelError):
+  """A scan over stacked parameters that jaxremat cannot segment (see ``apply(scan_segment=)``)."""

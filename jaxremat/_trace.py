@@ -106,7 +106,7 @@ def trace(
   input_vars = tuple(jaxpr.invars)
   const_vars = tuple(jaxpr.constvars)
   invariant = set(input_vars) | set(const_vars)
-  eqns = list(jaxpr.eqns)
+  eqns = _live(jaxpr.eqns, jaxpr.outvars)
   _reject_unsupported(eqns)
 
   groups = _group(eqns, layer_depth)
@@ -143,6 +143,17 @@ def _unwrap_calls(jaxpr, consts):
       break
     jaxpr, consts = inner.jaxpr, list(inner.consts)
   return jaxpr, consts
+
+
+def _live(eqns, outvars) -> list:
+  """The equations the outputs need, or with effects (Flax's nn.scan leaves dead ones)."""
+  live = {v for v in outvars if not isinstance(v, _compat.Literal)}
+  kept = []
+  for eqn in reversed(eqns):
+    if eqn.effects or any(v in live for v in eqn.outvars):
+      kept.append(eqn)
+      live.update(v for v in eqn.invars if not isinstance(v, _compat.Literal))
+  return kept[::-1]
 
 
 _UNSUPPORTED = ("callback", "io_callback", "debug_callback")

@@ -1,0 +1,38 @@
+"""XLA's footprint of scanned layer stacks (tests/test_scan.py's models) under every
+segment length, the one jaxremat chooses, and verify=True's; prints a Markdown table.
+
+  PYTHONPATH=. python bench/scan_memory.py
+"""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, "tests")
+import jaxremat  # noqa: E402
+from test_scan import MODELS, _apply_fn, _loss  # noqa: E402
+
+
+def main():
+  print(f"jax {jax.__version__}, backend {jax.default_backend()}; footprint = XLA's "
+        "argument + output + temp - alias of jax.grad of a mean-square loss (bytes)\n")
+  print("| model | n | plain | k: footprint | chosen k | verify k | model-R optimal / uniform k |")
+  print("|---|---|---|---|---|---|---|")
+  for name in ("nn.scan-mlp", "nn.scan-preln-transformer", "lax.scan"):
+    model, params, x = MODELS[name]()
+    fn = _apply_fn(model)
+    plan = jaxremat.Plan()
+    chosen = jaxremat.apply(fn, params, x, plan=plan).scans[0]
+    n = chosen.length
+    plain = jaxremat.measure(_loss(fn), params, x).total_bytes
+    sizes = {k: jaxremat.measure(_loss(jaxremat.apply(fn, params, x, scan_segment=k, plan=plan).fn),
+                                 params, x).total_bytes for k in range(1, n) if n % k == 0}
+    verified = jaxremat.apply(fn, params, x, plan=plan, verify=True).scans[0]
+    cells = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+    print(f"| {name} | {n} | {plain} | {cells} | {chosen.segment} | {verified.segment} | "
+          f"{chosen.optimal_peak_bytes} / {chosen.peak_bytes} |")
+
+
+if __name__ == "__main__":
+  main()

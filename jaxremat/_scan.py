@@ -1,0 +1,258 @@
+"""Scanned layer stacks: profile one iteration, choose a segment length, emit a nested scan.
+
+A stack of identical layers written with ``jax.lax.scan`` or Flax's ``nn.scan`` (the
+activation as the carry, the per-layer parameters stacked along a leading axis as
+``xs``) traces to a single ``scan`` equation, which the chain tracer sees as one layer.
+Here it is treated as a uniform chain of ``length`` iterations: the carry is ``a``, the
+residuals of one iteration's VJP are ``b``. A segment length ``k`` dividing ``length``
+is chosen under model R, and the scan is replaced by an outer scan over ``length / k``
+segments whose body is a ``jax.checkpoint`` of an inner scan over ``k`` iterations
+(segment ``j`` reads rows ``jk..jk+k-1`` of the stacked ``xs``, i.e. the ``[n / k, k,
+...]`` view). The forward keeps ``n / k`` carries; the backward recomputes one segment
+at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core as jex_core
+
+from jaxremat import _compat
+from jaxremat._chain import Chain, Plan, peak_bytes
+from jaxremat._errors import UnsupportedScanError
+from jaxremat._trace import Layer, TracedChain
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanPlan:
+  """How one scanned layer stack runs.
+
+  Attributes:
+    layer: index (0-based) of the chain layer that holds the scan.
+    name: that layer's name.
+    length: iterations ``n`` of the scan.
+    segment: iterations ``k`` per checkpointed segment; ``k == n``: left as it was.
+    chain: the uniform chain of one iteration repeated ``n`` times (bytes, FLOPs).
+    optimal_peak_bytes: model R's least peak over all plans of ``chain`` (bytes), for
+      comparison with the uniform segmentation's ``peak_bytes`` (a lower bound).
+  """
+
+  layer: int
+  name: str
+  length: int
+  segment: int
+  chain: Chain
+  optimal_peak_bytes: int
+
+  @property
+  def peak_bytes(self) -> int:
+    """Model R's peak of the stack under checkpoints every ``segment`` (bytes)."""
+    return peak_bytes(self.chain, _every(self.length, self.segment))
+
+  @property
+  def rematerialised(self) -> bool:
+    return self.segment < self.length
+
+  @property
+  def workspace_bytes(self) -> int:
+    """Transient bytes of the stack's backward: one recomputed segment's residuals,
+    twice (see ``choose_segment``)."""
+    return _segment_copy_bytes(self.chain, self.segment) * 2 if self.rematerialised else 0
+
+
+def rewrite(traced: TracedChain,
+            segment: int | str | Sequence[int]) -> tuple[TracedChain, tuple[ScanPlan, ...]]:
+  """Finds the scanned layer stacks of ``traced`` and segments them.
+
+  Args:
+    traced: the traced model.
+    segment: ``"auto"`` (each stack's ``k`` by ``choose_segment``), an int (the same
+      ``k`` for every stack), or one ``k`` per stack in order (to replay a choice).
+
+  Returns:
+    The traced model with each segmented scan replaced, and a ``ScanPlan`` per stack.
+
+  Raises:
+    UnsupportedScanError: a scan over stacked parameters that cannot be segmented
+      (reverse, or its carry is not the activation), a requested ``k`` that does not
+      divide the length, or an int ``segment`` for a model without a scanned stack.
+  """
+  single = isinstance(segment, int) and not isinstance(segment, bool)
+  if not (segment == "auto" or (single and segment >= 1) or isinstance(segment, (list, tuple))):
+    raise UnsupportedScanError(
+        f"scan_segment must be 'auto', a segment length >= 1 or None, got {segment!r}.")
+  found = _find(traced)
+  if single and not found:
+    raise UnsupportedScanError(
+        f"scan_segment={segment} asks to segment a scanned layer stack, but the model has "
+        "none at its top level (a jax.lax.scan / nn.scan whose carry is the activation and "
+        "whose xs are stacked parameters).")
+  if isinstance(segment, (list, tuple)) and len(segment) != len(found):
+    raise UnsupportedScanError(
+        f"{len(segment)} segment lengths given for {len(found)} scanned stacks.")
+  layers = list(traced.layers)
+  plans = []
+  for j, (li, ei) in enumerate(found):
+    layer = layers[li]
+    eqn = layer.eqns[ei]
+    chain = iteration_chain(eqn, layer.name)
+    n = eqn.params["length"]
+    if segment == "auto":
+      k = choose_segment(chain)
+    else:
+      k = int(segment[j] if isinstance(segment, (list, tuple)) else segment)
+      if k < 1 or n % k:
+        raise UnsupportedScanError(
+            f"segment length {k} does not divide the {n} iterations of the scan in layer "
+            f"{layer.name!r}; use one of {divisors(n)}.")
+    optimal = peak_bytes(chain, _optimal(chain))
+    plans.append(ScanPlan(li, layer.name, n, k, chain, optimal))
+    if k < n:
+      eqns = list(layer.eqns)
+      eqns[ei] = nested_scan_eqn(eqn, k)
+      layers[li] = dataclasses.replace(layer, eqns=tuple(eqns))
+  return dataclasses.replace(traced, layers=tuple(layers)), tuple(plans)
+
+
+def with_workspace(chain: Chain, plans: Sequence[ScanPlan]) -> Chain:
+  """``chain`` with each segmented stack's recomputed segment as its layer's workspace."""
+  work = list(chain.workspace_bytes)
+  for p in plans:
+    work[p.layer] = max(work[p.layer], p.workspace_bytes)
+  return Chain(chain.act_bytes, chain.res_bytes, cot_bytes=chain.cot_bytes,
+               input_res_bytes=chain.input_res_bytes, workspace_bytes=work,
+               flops=chain.flops, names=chain.names)
+
+
+def _find(traced: TracedChain) -> list[tuple[int, int]]:
+  """(layer, equation) indices of the scans over stacked parameters, in order."""
+  varying = set(traced.batch_vars)
+  found = []
+  for li, layer in enumerate(traced.layers):
+    for ei, eqn in enumerate(layer.eqns):
+      dep = [not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars]
+      if any(dep):
+        varying.update(eqn.outvars)
+      if eqn.primitive.name != "scan":
+        continue
+      nc, ncarry = eqn.params["num_consts"], eqn.params["num_carry"]
+      carry_dep, xs_dep = dep[nc:nc + ncarry], dep[nc + ncarry:]
+      if not xs_dep or any(xs_dep) or not any(dep):
+        continue  # a loop with no stacked inputs, over the batch (an RNN), or on parameters only
+      where = f"the scan in layer {li + 1} {layer.name!r} (length {eqn.params['length']})"
+      if not any(carry_dep):
+        raise UnsupportedScanError(
+            f"{where} scans over stacked parameters but its carry does not depend on the "
+            "batch: the activation does not flow through the carry, so it is not a chain "
+            "of layers. Make the activation the carry (x, _ = scan(block, x, params)) or "
+            "pass scan_segment=None to leave the scan as it is.")
+      if eqn.params["reverse"]:
+        raise UnsupportedScanError(
+            f"{where} runs in reverse; jaxremat segments forward scans only. Flip the "
+            "stacked parameters instead of reverse=True, or pass scan_segment=None to leave "
+            "the scan as it is.")
+      if eqn.params["length"] >= 2:
+        found.append((li, ei))
+  return found
+
+
+def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
+  """The uniform chain of ``eqn`` (a scan): one iteration's bytes repeated ``length`` times.
+
+  ``a`` is the carry (bytes), ``b`` the residuals one iteration's VJP saves (stacked
+  parameter slices excluded: they are inputs), ``e`` the part of ``b`` that is the
+  iteration's own input carry, ``f`` its FLOPs.
+  """
+  from jaxremat import _profile  # _profile imports _measure; keep this module light
+
+  body = eqn.params["jaxpr"]
+  if body.consts:
+    raise UnsupportedScanError("a scan body with closed-over constants is not supported.")
+  jaxpr = body.jaxpr
+  nc, ncarry, n = eqn.params["num_consts"], eqn.params["num_carry"], eqn.params["length"]
+  carry_in = tuple(jaxpr.invars[nc:nc + ncarry])
+  invariants = (*jaxpr.invars[:nc], *jaxpr.invars[nc + ncarry:])
+  outs = tuple(v for v in jaxpr.outvars if not isinstance(v, _compat.Literal))
+  layer = Layer(name, tuple(jaxpr.eqns), carry_in, invariants, outs[:ncarry], outs[ncarry:])
+  grads = {v for v in invariants if _compat.is_float(v.aval)}
+  res = _profile._residuals(layer, carry_in, grads, differentiate_inputs=True)
+  act = sum(_compat.aval_bytes(v.aval) for v in carry_in)
+  cot = sum(_compat.aval_bytes(v.aval) for v in carry_in if _compat.is_float(v.aval))
+  flops = _profile._flops(layer, carry_in)
+  return Chain([act] * (n + 1), [res.total] * n, cot_bytes=[cot] * (n + 1),
+               input_res_bytes=[res.own_input] * n, flops=[flops] * n,
+               names=[f"{name}[{i}]" for i in range(n)])
+
+
+def choose_segment(chain: Chain) -> int:
+  """The segment length ``k`` (dividing ``n``) of least estimated peak; ``n``: no remat.
+
+  The estimate is model R's peak of checkpoints every ``k`` plus, for ``k < n``, one
+  more copy of a segment's residuals: XLA on CPU keeps the stacked residuals of the
+  recomputed inner scan in the recompute loop's buffers and again in the backward
+  loop's (calibrated on the MLP and transformer stacks of tests/test_scan.py; model R
+  alone favours too long segments). Ties go to the longer segment.
+  """
+  n = chain.n
+
+  def cost(k):
+    return peak_bytes(chain, _every(n, k)) + (_segment_copy_bytes(chain, k) if k < n else 0)
+
+  return min(divisors(n), key=lambda k: (cost(k), -k))
+
+
+def _segment_copy_bytes(chain: Chain, k: int) -> int:
+  return k * chain.res_bytes[0]
+
+
+def _every(n: int, k: int) -> Plan:
+  return Plan(tuple(range(k, n, k)))
+
+
+def divisors(n: int) -> list[int]:
+  """The divisors of ``n``, ascending: the segment lengths a stack of ``n`` allows."""
+  return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _optimal(chain: Chain) -> Plan:
+  from jaxremat.solvers import solve  # the solvers import _chain only
+
+  return solve(chain, "optimal")
+
+
+def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int) -> _compat.JaxprEqn:
+  """An equation computing what ``eqn`` (a forward scan of length ``n``) computes, as an
+  outer scan over ``n / k`` segments, each a ``jax.checkpoint`` of a scan over ``k``."""
+  params = eqn.params
+  body = jex_core.jaxpr_as_fun(params["jaxpr"])
+  nc, ncarry, n = params["num_consts"], params["num_carry"], params["length"]
+  m = n // k
+
+  def nested(*args):
+    consts, carry, xs = args[:nc], list(args[nc:nc + ncarry]), args[nc + ncarry:]
+
+    def step(c, x):
+      out = body(*consts, *c, *x)
+      return list(out[:ncarry]), list(out[ncarry:])
+
+    def segment(c, j):
+      xk = [jax.lax.dynamic_slice_in_dim(x, j * k, k) for x in xs]
+      return jax.lax.scan(step, c, xk, unroll=params["unroll"])
+
+    # The stacked xs enter each segment whole and are sliced inside it: as a loop
+    # invariant the outer scan keeps them once, not as a per-segment residual copy.
+    carry, ys = jax.lax.scan(jax.checkpoint(segment, prevent_cse=True), carry, jnp.arange(m))
+    return [*carry, *(y.reshape(n, *y.shape[2:]) for y in ys)]
+
+  avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
+  closed = jax.make_jaxpr(jax.jit(nested, keep_unused=True))(*avals)
+  inner = closed.jaxpr
+  if (len(inner.eqns) != 1 or inner.constvars or list(inner.eqns[0].invars) != list(inner.invars)
+      or list(inner.eqns[0].outvars) != list(inner.outvars)):
+    raise UnsupportedScanError("could not express the segmented scan as one call equation.")
+  return inner.eqns[0].replace(invars=list(eqn.invars), outvars=list(eqn.outvars),
+                               source_info=eqn.source_info)

@@ -1,0 +1,52 @@
+"""Sharded training step on an 8-device CPU mesh: equal gradients, per-device bytes.
+
+XLA_FLAGS must be set before jax initialises, so the checks run in a subprocess
+(tests/sharded_check.py) and report their figures as JSON.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).with_name("sharded_check.py")
+TOLERANCE = 0.25  # per-device prediction vs XLA's figure; collectives' buffers are not modelled
+
+
+@pytest.fixture(scope="module")
+def figures():
+  path = os.pathsep.join([str(SCRIPT.parent.parent), os.environ.get("PYTHONPATH", "")])
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=path)
+  done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-4000:]  # includes the gradient check's message
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_runs_on_the_mesh(figures):
+  assert figures["devices"] == 8 and figures["mesh"] == {"data": 4, "model": 2}
+
+
+def test_xla_statistics_are_per_device(figures):
+  # The compiled step's arguments are exactly one shard of each parameter and of the batch.
+  assert figures["argument_bytes"] == figures["params_batch_bytes_per_device"]
+  assert figures["argument_bytes"] < figures["params_batch_bytes"]
+  assert figures["measured_remat"] < figures["measured_one_device"]
+
+
+def test_profile_is_per_device(figures):
+  assert figures["profiled_input_bytes"] == figures["batch_shard_bytes"]
+
+
+def test_remat_lowers_the_per_device_footprint(figures):
+  assert figures["checkpoints"]
+  assert figures["measured_remat"] < figures["measured_none"], figures
+
+
+@pytest.mark.parametrize("plan", ["remat", "none"])
+def test_per_device_prediction_within_tolerance(figures, plan):
+  predicted, measured = figures[f"predicted_{plan}"], figures[f"measured_{plan}"]
+  assert abs(predicted - measured) <= TOLERANCE * measured, (predicted, measured)
