@@ -144,7 +144,13 @@ def _differentiable(layer: Layer, inputs, grad_invariants, differentiate_inputs:
   return vjp, in_vars, out_vars
 
 
-def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> LayerResiduals:
+def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool,
+               fused: bool = True) -> LayerResiduals:
+  """What the layer's VJP saves; with ``fused``, as XLA keeps it (``_as_kept_by_xla``).
+
+  Pass ``fused=False`` for a scan body: its residuals are written to stacked loop
+  outputs, which XLA cannot fuse into the backward loop.
+  """
   vjp, in_vars, out_vars = _differentiable(layer, inputs, grad_invariants, differentiate_inputs)
 
   def outputs_and_residuals(*args):
@@ -163,7 +169,7 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
   own_inputs, own_outputs = set(), set()
   computed = []
   seen = set()
-  for atom in _as_kept_by_xla(jaxpr, res_atoms, out_atoms):
+  for atom in (_as_kept_by_xla(jaxpr, res_atoms, out_atoms) if fused else res_atoms):
     if isinstance(atom, _compat.Literal) or atom in seen or atom in constvars or atom not in varying:
       continue  # constants (e.g. the zeros relu's VJP selects from) fuse away in XLA
     seen.add(atom)

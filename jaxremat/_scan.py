@@ -163,7 +163,8 @@ def _find(traced: TracedChain) -> list[tuple[int, int]]:
 def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
   """The uniform chain of ``eqn`` (a scan): one iteration's bytes repeated ``length`` times.
 
-  ``a`` is the carry (bytes), ``b`` the residuals one iteration's VJP saves (stacked
+  ``a`` is the carry (bytes), ``b`` the residuals one iteration's VJP saves, each a
+  stacked loop output XLA cannot fuse away (stacked
   parameter slices excluded: they are inputs), ``e`` the part of ``b`` that is the
   iteration's own input carry, ``f`` its FLOPs.
   """
@@ -179,7 +180,7 @@ def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
   outs = tuple(v for v in jaxpr.outvars if not isinstance(v, _compat.Literal))
   layer = Layer(name, tuple(jaxpr.eqns), carry_in, invariants, outs[:ncarry], outs[ncarry:])
   grads = {v for v in invariants if _compat.is_float(v.aval)}
-  res = _profile._residuals(layer, carry_in, grads, differentiate_inputs=True)
+  res = _profile._residuals(layer, carry_in, grads, differentiate_inputs=True, fused=False)
   act = sum(_compat.aval_bytes(v.aval) for v in carry_in)
   cot = sum(_compat.aval_bytes(v.aval) for v in carry_in if _compat.is_float(v.aval))
   flops = _profile._flops(layer, carry_in)
