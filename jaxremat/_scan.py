@@ -164,9 +164,9 @@ def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
   """The uniform chain of ``eqn`` (a scan): one iteration's bytes repeated ``length`` times.
 
   ``a`` is the carry (bytes), ``b`` the residuals one iteration's VJP saves, each a
-  stacked loop output XLA cannot fuse away (stacked
-  parameter slices excluded: they are inputs), ``e`` the part of ``b`` that is the
-  iteration's own input carry, ``f`` its FLOPs.
+  stacked loop output XLA cannot fuse away (stacked parameter slices excluded: they
+  are inputs), ``e`` the part of ``b`` that is the iteration's own input carry, ``f``
+  its FLOPs.
   """
   from jaxremat import _profile  # _profile imports _measure; keep this module light
 
