@@ -13,7 +13,8 @@ import numpy as np
 from jaxremat import _compat
 from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops, validate_plan
 from jaxremat._emit import emit
-from jaxremat._errors import InfeasibleBudgetError, InputMismatchError, InvalidBudgetError, JaxrematError
+from jaxremat._errors import (InfeasibleBudgetError, InputMismatchError, InvalidBudgetError, JaxrematError,
+                              NotAChainError)
 from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._simulate import simulate_peak_bytes
 from jaxremat._profile import Buffers, profile
@@ -150,7 +151,11 @@ def apply(
       ``train=``); array leaves are traced, the rest is static.
 
   Returns:
-    A ``Remat`` whose ``fn(params, batch, **model_kwargs)`` equals ``model_fn``.
+    A ``Remat`` whose ``fn(params, batch, **model_kwargs)`` equals ``model_fn``. When a
+    layer reads a value made two or more layers earlier (U-Net, DenseNet), the layers
+    are planned as a graph instead and a ``GraphRemat`` (same ``fn``, ``plan``,
+    ``predicted_total_bytes``, ``report``) is returned; it takes ``method`` in
+    ``"optimal"``, ``"none"``, ``"every-layer"``, ``"best-uniform"`` or ``plan``.
 
   Raises:
     NotAChainError, EmptyModelError, UnsupportedModelError, UnknownMethodError,
@@ -160,7 +165,13 @@ def apply(
     raise TypeError(f"model_fn must be callable (e.g. model.apply), got {type(model_fn).__name__}.")
   _check_arrays("params", params)
   _check_arrays("batch", batch)
-  traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  try:
+    traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  except NotAChainError:  # skip tensors: plan the layers as a graph (jaxremat._graph)
+    from jaxremat._graph_api import apply_graph  # it imports this module
+    return apply_graph(model_fn, params, batch, method=method, plan=plan, layer_depth=layer_depth,
+                       model_kwargs=model_kwargs, calibrate=calibrate, unsupported={
+                           "budget_bytes": budget_bytes is not None, "verify": verify})
   arrays, _, _ = split_kwargs(model_kwargs)
   prof = profile(traced, calibrate=calibrate)
   chain = prof.chain
@@ -337,7 +348,13 @@ class _DropIn:
     self._layer_depth = layer_depth
     self._names = tuple(layer.name for layer in traced.layers)
     self._params_key, self._batch_key = key[0], key[1]
-    self._cache = {key: (traced, emit(traced, plan))}
+    self._cache = {key: (traced, self._emit(traced))}
+
+  def _trace(self, params, batch, kwargs):
+    return trace(self._model_fn, params, batch, kwargs, self._layer_depth)
+
+  def _emit(self, traced):
+    return emit(traced, self._plan)
 
   def __call__(self, params: Any, batch: Any, **kwargs: Any) -> Any:
     key = _key(params, batch, kwargs)
@@ -347,7 +364,7 @@ class _DropIn:
         raise InputMismatchError(
             f"batch has structure {key[1][0]}, but the plan was made for {self._batch_key[0]}.")
       try:
-        traced = trace(self._model_fn, params, batch, kwargs, self._layer_depth)
+        traced = self._trace(params, batch, kwargs)
       except JaxrematError:
         raise
       except Exception as err:
@@ -359,7 +376,7 @@ class _DropIn:
         raise InputMismatchError(
             f"with these inputs the model has layers {list(names)}, but the plan was made "
             f"for {list(self._names)}; call jaxremat.apply again with these inputs.")
-      self._cache[key] = (traced, emit(traced, self._plan))
+      self._cache[key] = (traced, self._emit(traced))
     traced, run = self._cache[key]
     arrays, _, _ = split_kwargs(kwargs)
     flat = jax.tree_util.tree_leaves((params, batch, arrays))
