@@ -17,6 +17,9 @@ from jaxremat._errors import JaxrematError as JaxrematError
 from jaxremat._errors import NotAChainError as NotAChainError
 from jaxremat._errors import UnknownMethodError as UnknownMethodError
 from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
+from jaxremat._graph import GraphChain as GraphChain
+from jaxremat._graph import graph_peak_bytes as graph_peak_bytes
+from jaxremat._graph_api import GraphRemat as GraphRemat
 from jaxremat._measure import Footprint as Footprint
 from jaxremat._measure import compile_footprint as compile_footprint
 from jaxremat._measure import measure as measure
@@ -24,6 +27,7 @@ from jaxremat._simulate import recompute_counts as recompute_counts
 from jaxremat._simulate import simulate_peak_bytes as simulate_peak_bytes
 from jaxremat.solvers import pareto as pareto
 from jaxremat.solvers import solve as solve
+from jaxremat.solvers._graph import solve_graph as solve_graph
 
 __version__ = "0.1.0"
 
@@ -32,6 +36,8 @@ __all__ = (
     "ChainTooLongError",
     "EmptyModelError",
     "Footprint",
+    "GraphChain",
+    "GraphRemat",
     "InfeasibleBudgetError",
     "InputMismatchError",
     "InvalidBudgetError",
@@ -45,6 +51,7 @@ __all__ = (
     "UnsupportedModelError",
     "apply",
     "compile_footprint",
+    "graph_peak_bytes",
     "measure",
     "pareto",
     "peak_bytes",
@@ -52,4 +59,5 @@ __all__ = (
     "recompute_flops",
     "simulate_peak_bytes",
     "solve",
+    "solve_graph",
 )

@@ -170,8 +170,8 @@ def apply(
   except NotAChainError:  # skip tensors: plan the layers as a graph (jaxremat._graph)
     from jaxremat._graph_api import apply_graph  # it imports this module
     return apply_graph(model_fn, params, batch, method=method, plan=plan, layer_depth=layer_depth,
-                       model_kwargs=model_kwargs, calibrate=calibrate, unsupported={
-                           "budget_bytes": budget_bytes is not None, "verify": verify})
+                       model_kwargs=model_kwargs, calibrate=calibrate, verify=verify,
+                       unsupported={"budget_bytes": budget_bytes is not None})
   arrays, _, _ = split_kwargs(model_kwargs)
   prof = profile(traced, calibrate=calibrate)
   chain = prof.chain

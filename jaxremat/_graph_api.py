@@ -7,12 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxremat._api import _DropIn, _float_bytes, _fmt, _key, _tree_bytes
+from jaxremat._api import _DropIn, _float_bytes, _fmt, _key, _scalar_loss, _tree_bytes
 from jaxremat._chain import Plan
 from jaxremat._errors import NotAChainError
 from jaxremat._graph import GraphChain, graph_peak_bytes, graph_recompute_flops
 from jaxremat._graph_emit import emit_graph
 from jaxremat._graph_profile import profile_graph
+from jaxremat._measure import measure
 from jaxremat._trace import TracedChain, split_kwargs, trace
 from jaxremat.solvers._graph import GRAPH_SOLVERS, solve_graph
 
@@ -28,6 +29,8 @@ class GraphRemat:
     chain: the profiled graph (``GraphChain``: values, residuals, FLOPs per layer).
     solve_seconds: wall time of the solver.
     fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
+    verified: with ``apply(verify=True)``, XLA's footprint (bytes) of each plan the
+      measured local search compiled, by kept cuts.
   """
 
   fn: Callable[..., Any]
@@ -36,6 +39,7 @@ class GraphRemat:
   solve_seconds: float
   fixed_bytes: int
   traced: TracedChain = dataclasses.field(repr=False)
+  verified: dict[tuple[int, ...], int] | None = None
 
   @property
   def predicted_peak_bytes(self) -> int:
@@ -80,14 +84,20 @@ class _GraphDropIn(_DropIn):
 
 def apply_graph(model_fn: Callable[..., Any], params: Any, batch: Any, *, method: str,
                 plan: Plan | None, layer_depth: int | None, model_kwargs: dict[str, Any],
-                calibrate: bool, unsupported: dict[str, Any]) -> GraphRemat:
+                calibrate: bool, verify: bool, unsupported: dict[str, Any]) -> GraphRemat:
   """``apply``'s path for non-chains: trace as a graph, profile, solve model G exactly, emit.
+
+  With ``verify``, the model-G optimum is the start of a local search on XLA's compiled
+  footprint of the training step: each round compiles every plan that adds or removes
+  one kept cut and moves to the least measured (ties: least recompute), for at most
+  ``_VERIFY_ROUNDS`` rounds (``(n - 1)`` compiles each).
 
   Raises:
     NotAChainError: an option only chains support was given (``unsupported`` holds
       them, by name), or ``method`` is not one of the graph solvers.
   """
   given = sorted(k for k, v in unsupported.items() if v)
+  verify = bool(verify)
   if given or (plan is None and method not in GRAPH_SOLVERS):
     what = ", ".join(given) if given else f"method={method!r}"
     raise NotAChainError(
@@ -102,6 +112,35 @@ def apply_graph(model_fn: Callable[..., Any], params: Any, batch: Any, *, method
   seconds = time.perf_counter() - start
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
-  fn = _GraphDropIn(model_fn, plan, layer_depth, traced, _key(params, batch, model_kwargs))
+  key = _key(params, batch, model_kwargs)
+  verified = None
+  if verify:
+    def measured(cuts):
+      drop_in = _GraphDropIn(model_fn, Plan(cuts), layer_depth, traced, key)
+      return measure(_scalar_loss(drop_in, model_kwargs), params, batch).total_bytes
+    plan, verified = _local_search(graph, plan, measured)
+  fn = _GraphDropIn(model_fn, plan, layer_depth, traced, key)
   return GraphRemat(fn=fn, plan=plan, chain=graph, solve_seconds=seconds, fixed_bytes=fixed,
-                    traced=traced)
+                    traced=traced, verified=verified)
+
+
+_VERIFY_ROUNDS = 3
+
+
+def _local_search(graph: GraphChain, plan: Plan,
+                  measured: Callable[[tuple[int, ...]], int]) -> tuple[Plan, dict]:
+  """One-cut moves from ``plan`` while XLA's footprint (``measured``, bytes) improves."""
+  seen = {plan.checkpoints: measured(plan.checkpoints)}
+  current = plan.checkpoints
+  for _ in range(_VERIFY_ROUNDS):
+    for k in range(1, graph.n):
+      cuts = tuple(sorted(set(current) ^ {k}))
+      if cuts not in seen:
+        seen[cuts] = measured(cuts)
+    best = min(seen, key=lambda c: (seen[c], graph_recompute_flops(graph, Plan(c)), len(c)))
+    if best == current:
+      break
+    current = best
+  if current == plan.checkpoints:
+    return plan, seen
+  return Plan(current, method=f"{plan.method}+verified"), seen

@@ -84,8 +84,8 @@ def test_bad_graphs_and_methods_raise_clear_errors():
 
 KEY = jax.random.key(0)
 MODELS = {
-    "unet": (zoo_graphs.UNet((8, 16, 32)), (4, 32, 32, 3)),
-    "densenet": (zoo_graphs.DenseNet((4, 4), growth=8, stem=16), (4, 32, 32, 3)),
+    "unet": (zoo_graphs.UNet((4, 8, 16)), (2, 16, 16, 3)),
+    "densenet": (zoo_graphs.DenseNet((3, 3), growth=4, stem=8), (2, 16, 16, 3)),
 }
 
 
@@ -118,7 +118,7 @@ def test_zoo_models_are_not_chains(zoo_model):
   assert skips  # some layer reads a value made two or more layers earlier
 
 
-@pytest.mark.parametrize("method", ["optimal", "every-layer", "best-uniform"])
+@pytest.mark.parametrize("method", ["optimal", "every-layer"])
 def test_gradients_equal_plain_gradients(zoo_model, method):
   _, model, params, x = zoo_model
   r = jaxremat.apply(model.apply, params, x, method=method)
@@ -129,6 +129,8 @@ def test_gradients_equal_plain_gradients(zoo_model, method):
   got = jax.jit(jax.grad(_loss(r.fn)))(params, x)
   _assert_trees_close(want, got)
   _assert_trees_close(model.apply(params, x), r.fn(params, x))
+  if method != "optimal":
+    return
   # Another batch size re-traces through the graph path; vmap over examples too.
   x2 = jnp.concatenate([x, x[:2]])
   _assert_trees_close(model.apply(params, x2), jax.jit(r.fn)(params, x2))
@@ -152,3 +154,35 @@ def test_options_graphs_do_not_support_raise_clear_errors(zoo_model):
     jaxremat.apply(model.apply, params, x, method="multilevel")
   with pytest.raises(jaxremat.InvalidPlanError, match="out of range"):
     jaxremat.apply(model.apply, params, x, plan=jaxremat.Plan((999,)))
+
+
+FOOTPRINT_MODELS = {
+    "unet": (zoo_graphs.UNet((8, 16, 32)), (8, 32, 32, 3)),
+    "densenet": (zoo_graphs.DenseNet((4, 4), growth=8, stem=16), (8, 32, 32, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOOTPRINT_MODELS))
+def test_verified_plan_measures_below_no_remat_and_every_uniform_plan(name):
+  """XLA's footprint of the chosen plan against no remat and every checkpoint-every-k plan.
+
+  Model G ranks plans well at the top but XLA's CPU schedule is its own, so the plan is
+  verified: a local search on the measured footprint from the model-G optimum.
+  """
+  model, shape = FOOTPRINT_MODELS[name]
+  x = jax.random.normal(jax.random.key(1), shape)
+  params = model.init(KEY, x)
+  r = jaxremat.apply(model.apply, params, x, verify=True)
+  ours = jaxremat.measure(_loss(r.fn), params, x).total_bytes
+  plain = jaxremat.measure(_loss(model.apply), params, x).total_bytes
+  uniform = {}
+  for k in range(1, r.chain.n):
+    cuts = tuple(range(k, r.chain.n, k))
+    uniform[k] = r.verified.get(cuts) or jaxremat.measure(
+        _loss(jaxremat.apply(model.apply, params, x, plan=jaxremat.Plan(cuts)).fn), params, x).total_bytes
+  best_k = min(uniform, key=uniform.get)
+  figures = (f"{name}: none {plain / 2**20:.3f} MiB, best uniform (k={best_k}) "
+             f"{uniform[best_k] / 2**20:.3f} MiB, ours {r.plan.checkpoints} {ours / 2**20:.3f} MiB")
+  print(figures)
+  assert ours < plain, figures
+  assert ours < uniform[best_k], figures
