@@ -87,7 +87,7 @@ def apply_graph(model_fn: Callable[..., Any], params: Any, batch: Any, *, method
                 calibrate: bool, verify: bool, unsupported: dict[str, Any]) -> GraphRemat:
   """``apply``'s path for non-chains: trace as a graph, profile, solve model G exactly, emit.
 
-  With ``verify``, the model-G optimum is the start of a local search on XLA's compiled
+  With ``verify`` (and no ``plan``), the solver's plan is the start of a local search on XLA's compiled
   footprint of the training step: each round compiles every plan that adds or removes
   one kept cut and moves to the least measured (ties: least recompute), for at most
   ``_VERIFY_ROUNDS`` rounds (``(n - 1)`` compiles each).
@@ -107,14 +107,15 @@ def apply_graph(model_fn: Callable[..., Any], params: Any, batch: Any, *, method
   traced = trace(model_fn, params, batch, model_kwargs, layer_depth, graph=True)
   graph = profile_graph(traced, calibrate=calibrate)
   start = time.perf_counter()
-  if plan is None:
+  solved = plan is None
+  if solved:
     plan = solve_graph(graph, method)
   seconds = time.perf_counter() - start
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
   key = _key(params, batch, model_kwargs)
   verified = None
-  if verify:
+  if verify and solved:
     def measured(cuts):
       drop_in = _GraphDropIn(model_fn, Plan(cuts), layer_depth, traced, key)
       return measure(_scalar_loss(drop_in, model_kwargs), params, batch).total_bytes
