@@ -44,8 +44,9 @@ def profile_graph(traced: TracedChain, calibrate: bool = False) -> GraphChain:
       last[index[v]] = t
     for v in dict.fromkeys([*layer.outputs, *layer.side_outputs]):
       add(v, t, True)
-  for v in (*(v for layer in layers for v in layer.side_outputs),):
-    last[index[v]] = n + 1
+  for layer in layers:
+    for v in layer.side_outputs:
+      last[index[v]] = n + 1  # read by the loss, after the last layer
   saved, private, flops, work = [], [], [], []
   for layer in layers:
     res = _residuals(layer, layer.inputs, grad_invariants, differentiate_inputs=True)
