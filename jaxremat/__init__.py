@@ -19,6 +19,9 @@ from jaxremat._errors import NotAChainError as NotAChainError
 from jaxremat._errors import UnknownMethodError as UnknownMethodError
 from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
 from jaxremat._errors import UnsupportedScanError as UnsupportedScanError
+from jaxremat._graph import GraphChain as GraphChain
+from jaxremat._graph import graph_peak_bytes as graph_peak_bytes
+from jaxremat._graph_api import GraphRemat as GraphRemat
 from jaxremat._measure import Footprint as Footprint
 from jaxremat._measure import compile_footprint as compile_footprint
 from jaxremat._measure import measure as measure
@@ -27,6 +30,7 @@ from jaxremat._simulate import recompute_counts as recompute_counts
 from jaxremat._simulate import simulate_peak_bytes as simulate_peak_bytes
 from jaxremat.solvers import pareto as pareto
 from jaxremat.solvers import solve as solve
+from jaxremat.solvers._graph import solve_graph as solve_graph
 
 __version__ = "0.1.0"
 
@@ -35,6 +39,8 @@ __all__ = (
     "ChainTooLongError",
     "EmptyModelError",
     "Footprint",
+    "GraphChain",
+    "GraphRemat",
     "InfeasibleBudgetError",
     "InputMismatchError",
     "InvalidArgumentError",
@@ -51,6 +57,7 @@ __all__ = (
     "apply",
     "apply_nnx",
     "compile_footprint",
+    "graph_peak_bytes",
     "measure",
     "pareto",
     "peak_bytes",
@@ -58,4 +65,5 @@ __all__ = (
     "recompute_flops",
     "simulate_peak_bytes",
     "solve",
+    "solve_graph",
 )

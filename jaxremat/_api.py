@@ -15,7 +15,8 @@ from jaxremat import _compat
 from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops, validate_plan
 from jaxremat._emit import emit
 from jaxremat._errors import (InfeasibleBudgetError, InputMismatchError, InvalidArgumentError,
-                              InvalidBudgetError, JaxrematError, UnsupportedModelError)
+                              InvalidBudgetError, JaxrematError, NotAChainError,
+                              UnsupportedModelError)
 from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._simulate import simulate_peak_bytes
 from jaxremat._profile import Buffers, profile
@@ -200,7 +201,11 @@ def apply(
       ``train=``); array leaves are traced, the rest is static.
 
   Returns:
-    A ``Remat`` whose ``fn(params, batch, **model_kwargs)`` equals ``model_fn``.
+    A ``Remat`` whose ``fn(params, batch, **model_kwargs)`` equals ``model_fn``. When a
+    layer reads a value made two or more layers earlier (U-Net, DenseNet), the layers
+    are planned as a graph instead and a ``GraphRemat`` (same ``fn``, ``plan``,
+    ``predicted_total_bytes``, ``report``) is returned; it takes ``method`` in
+    ``"optimal"``, ``"none"``, ``"every-layer"``, ``"best-uniform"`` or ``plan``.
 
   Raises:
     NotAChainError, EmptyModelError, UnsupportedModelError, UnknownMethodError,
@@ -217,7 +222,13 @@ def apply(
   _check_options(plan, layer_depth)
   if budget_bytes is not None:
     budget_bytes = _check_budget(budget_bytes)
-  traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  try:
+    traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  except NotAChainError:  # skip tensors: plan the layers as a graph (jaxremat._graph)
+    from jaxremat._graph_api import apply_graph  # it imports this module
+    return apply_graph(model_fn, params, batch, method=method, plan=plan, layer_depth=layer_depth,
+                       model_kwargs=model_kwargs, calibrate=calibrate, verify=verify,
+                       unsupported={"budget_bytes": budget_bytes is not None})
   _check_float_output(traced)
   scans: tuple[_scan.ScanPlan, ...] = ()
   if scan_segment is not None:
@@ -459,7 +470,16 @@ class _DropIn:
     self._layer_depth = layer_depth
     self._names = tuple(layer.name for layer in traced.layers)
     self._params_key, self._batch_key = key[0], key[1]
-    self._cache = {key: (traced, emit(traced, plan))}
+    self._cache = {key: (traced, self._emit(traced))}
+
+  def _trace(self, params, batch, kwargs):
+    traced = trace(self._model_fn, params, batch, kwargs, self._layer_depth)
+    if self._segments is not None:
+      traced, _ = _scan.rewrite(traced, self._segments)
+    return traced
+
+  def _emit(self, traced):
+    return emit(traced, self._plan)
 
   def __call__(self, params: Any, batch: Any, **kwargs: Any) -> Any:
     key = _key(params, batch, kwargs)
@@ -469,9 +489,7 @@ class _DropIn:
         raise InputMismatchError(
             f"batch has structure {key[1][0]}, but the plan was made for {self._batch_key[0]}.")
       try:
-        traced = trace(self._model_fn, params, batch, kwargs, self._layer_depth)
-        if self._segments is not None:
-          traced, _ = _scan.rewrite(traced, self._segments)
+        traced = self._trace(params, batch, kwargs)
       except JaxrematError:
         raise
       except Exception as err:
@@ -483,7 +501,7 @@ class _DropIn:
         raise InputMismatchError(
             f"with these inputs the model has layers {list(names)}, but the plan was made "
             f"for {list(self._names)}; call jaxremat.apply again with these inputs.")
-      self._cache[key] = (traced, emit(traced, self._plan))
+      self._cache[key] = (traced, self._emit(traced))
     traced, run = self._cache[key]
     arrays, _, _ = split_kwargs(kwargs)
     flat = jax.tree_util.tree_leaves((params, batch, arrays))

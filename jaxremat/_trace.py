@@ -77,6 +77,7 @@ def trace(
     batch: Any,
     kwargs: dict[str, Any],
     layer_depth: int | None = None,
+    graph: bool = False,
 ) -> TracedChain:
   """Traces ``model_fn(params, batch, **kwargs)`` and splits it into a chain of layers.
 
@@ -85,8 +86,12 @@ def trace(
   default the children of the root module. Equations outside any child (``nn.relu`` in
   a ``Sequential``, a reshape) form layers of their own.
 
+  With ``graph``, a layer may read values made by any earlier layer (skip connections):
+  its ``inputs`` are all of them and its ``outputs`` every value a later layer reads.
+
   Raises:
-    NotAChainError: a layer reads a value made two or more layers earlier.
+    NotAChainError: a layer reads a value made two or more layers earlier (not with
+      ``graph``).
     EmptyModelError: the model has no equations that depend on its batch.
   """
   arrays, kw_tree, static = split_kwargs(kwargs)
@@ -119,7 +124,7 @@ def trace(
     raise EmptyModelError(
         "the model has no layers: its outputs do not depend on the batch through any "
         "computation, so there is nothing to checkpoint.")
-  layers = _link(groups, invariant, jaxpr.outvars)
+  layers = (_link_graph if graph else _link)(groups, invariant, jaxpr.outvars)
   return TracedChain(
       input_vars=input_vars,
       const_vars=const_vars,
@@ -291,3 +296,24 @@ def _link(groups, invariant, outvars) -> tuple[Layer, ...]:
       inputs = ()  # the first layer's x_0 is part of the batch (an invariant input)
     layers.append(Layer(name, tuple(group), inputs, tuple(inv_reads[li]), outputs, side))
   return tuple(layers)
+
+
+def _link_graph(groups, invariant, outvars) -> tuple[Layer, ...]:
+  """Each layer's inputs (values made by any earlier layer) and outputs (values any later
+  layer reads), for models that are not chains."""
+  model_outputs = {v for v in outvars if not isinstance(v, _compat.Literal)}
+  reads, inv_reads, read_later = [], [], set()
+  for _, group in groups:
+    own = {v for e in group for v in e.outvars}
+    ext = [v for e in group for v in e.invars if not isinstance(v, _compat.Literal) and v not in own]
+    reads.append(tuple(dict.fromkeys(v for v in ext if v not in invariant)))
+    inv_reads.append(tuple(dict.fromkeys(v for v in ext if v in invariant)))
+  layers = []
+  for li in range(len(groups) - 1, -1, -1):
+    name, group = groups[li]
+    made = [v for e in group for v in e.outvars]
+    outputs = tuple(v for v in made if v in read_later)
+    side = tuple(v for v in made if v in model_outputs)
+    layers.append(Layer(name, tuple(group), reads[li], inv_reads[li], outputs, side))
+    read_later.update(reads[li])
+  return tuple(reversed(layers))

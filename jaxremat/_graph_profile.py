@@ -1,0 +1,62 @@
+"""Profile a traced graph (layers reading values made by any earlier layer) into a GraphChain."""
+
+from __future__ import annotations
+
+from jaxremat import _compat
+from jaxremat._graph import GraphChain
+from jaxremat._profile import _backward_temp_bytes, _flops, _residuals
+from jaxremat._trace import TracedChain
+
+
+def profile_graph(traced: TracedChain, calibrate: bool = False) -> GraphChain:
+  """Bytes of every value crossing between layers, what each layer's backward saves, FLOPs.
+
+  ``traced`` comes from ``trace(..., graph=True)``. Values are the batch inputs the
+  layers read (made by unit 0, no cotangent) and every layer output a later layer or the
+  model's result reads. A layer's saved inputs and outputs are values (counted once
+  however many layers save them); its other residuals are private bytes. With
+  ``calibrate`` (one small compile per layer), what XLA's temp needs for the layer's
+  backward beyond the residuals it computes becomes its workspace: the cotangents and
+  gradient buffers inside a layer (a U-Net level of two convs), which model G does not
+  otherwise see.
+  """
+  layers = traced.layers
+  n = len(layers)
+  batch = set(traced.batch_vars)
+  grad_invariants = set(traced.param_vars) | set(traced.prelude_outputs)
+  index: dict = {}
+  made, last, size, cot = [], [], [], []
+
+  def add(v, unit, differentiable):
+    index[v] = len(made)
+    made.append(unit)
+    last.append(unit)
+    size.append(_compat.aval_bytes(v.aval))
+    cot.append(_compat.aval_bytes(v.aval) if differentiable and _compat.is_float(v.aval) else 0)
+
+  for t, layer in enumerate(layers, start=1):
+    for v in layer.invariants:
+      if v in batch and v not in index:
+        add(v, 0, False)
+      if v in index:
+        last[index[v]] = t
+    for v in layer.inputs:
+      last[index[v]] = t
+    for v in dict.fromkeys([*layer.outputs, *layer.side_outputs]):
+      add(v, t, True)
+  for layer in layers:
+    for v in layer.side_outputs:
+      last[index[v]] = n + 1  # read by the loss, after the last layer
+  saved, private, flops, work = [], [], [], []
+  for layer in layers:
+    res = _residuals(layer, layer.inputs, grad_invariants, differentiate_inputs=True)
+    values = res.own_input_vars | res.own_output_vars
+    saved.append(sorted(index[v] for v in values))
+    private.append(res.total - res.own_input - sum(size[index[v]] for v in res.own_output_vars))
+    flops.append(_flops(layer, layer.inputs))
+    if calibrate:
+      temp = _backward_temp_bytes(layer, layer.inputs, grad_invariants, differentiate_inputs=True)
+      work.append(max(0, temp - (res.total - res.own_input)))
+  return GraphChain(
+      value_bytes=size, value_cot_bytes=cot, defined=made, last_use=last, saved=saved,
+      res_bytes=private, workspace_bytes=work if calibrate else None, flops=flops, names=[layer.name for layer in layers])
