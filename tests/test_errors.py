@@ -64,8 +64,8 @@ def test_skip_connection_across_layers_names_the_layers():
   x = jnp.ones((2, 4))
   model = SkipAcrossLayers()
   with pytest.raises(jaxremat.NotAChainError, match=r"reads a value made by layer 1 'first'.*skipping over layer 2 'second'"):
-    trace(model.apply, _params(model, x), x, {})
-  assert isinstance(jaxremat.apply(model.apply, _params(model, x), x), jaxremat.GraphRemat)
+    trace(model.apply, model.init(jax.random.key(0), x), x, {})
+  assert isinstance(jaxremat.apply(model.apply, model.init(jax.random.key(0), x), x), jaxremat.GraphRemat)
 
 
 X = jnp.ones((2, 4))
@@ -148,9 +148,10 @@ CASES = [
     Case("gradient-inside-model",
          lambda: jaxremat.apply(jax.grad(lambda p, x: mlp()[0].apply(p, x).sum()), mlp()[1], X),
          jaxremat.UnsupportedModelError, "computes a gradient itself"),
-    Case("not-a-chain", lambda: apply_to(SkipAcrossLayers()),
-         jaxremat.NotAChainError,
-         r"layer 4 '\(add\)' reads a value made by layer 1 'first'.*skipping over layer 2 'second'"),
+    Case("graph-with-budget", lambda: apply_to(SkipAcrossLayers(), budget_bytes=10**6),
+         jaxremat.NotAChainError, r"plans it as a graph, which does not support budget_bytes"),
+    Case("graph-with-chain-method", lambda: apply_to(SkipAcrossLayers(), method="multilevel"),
+         jaxremat.NotAChainError, r"does not support method='multilevel'"),
     # Methods and budgets.
     Case("unknown-method", lambda: apply_mlp(method="fastest"),
          jaxremat.UnknownMethodError, r"unknown method 'fastest'.*'optimal'"),
