@@ -79,6 +79,17 @@ def mlp():
   return model, params, jaxremat.apply(model.apply, params, X)
 
 
+STACK = jnp.ones((4, 4, 4)) / 4  # four stacked 4x4 layers
+
+
+def scan_stack(w, x):
+  return jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)[0]
+
+
+def reverse_scan_stack(w, x):
+  return jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w, reverse=True)[0]
+
+
 def apply_to(model, x=X, **kwargs):
   return jaxremat.apply(model.apply, model.init(jax.random.key(0), x), x, **kwargs)
 
@@ -152,6 +163,10 @@ CASES = [
          jaxremat.NotAChainError, r"plans it as a graph, which does not support budget_bytes"),
     Case("graph-with-chain-method", lambda: apply_to(SkipAcrossLayers(), method="multilevel"),
          jaxremat.NotAChainError, r"does not support method='multilevel'"),
+    Case("scan-reverse", lambda: jaxremat.apply(reverse_scan_stack, STACK, X[:, :4]),
+         jaxremat.UnsupportedScanError, "reverse"),
+    Case("scan-segment-not-divisor", lambda: jaxremat.apply(scan_stack, STACK, X[:, :4], scan_segment=3),
+         jaxremat.UnsupportedScanError, "does not divide the 4"),
     # Methods and budgets.
     Case("unknown-method", lambda: apply_mlp(method="fastest"),
          jaxremat.UnknownMethodError, r"unknown method 'fastest'.*'optimal'"),
