@@ -109,7 +109,7 @@ class Context:
   kwargs: dict
   base: jaxremat.Remat  # apply() with its defaults: jaxremat's optimal plan
   none_bytes: int = 0  # XLA footprint without remat
-  uniform_candidates: int = 6
+  uniform_candidates: int = 3
 
   def measure(self, fn: Callable[..., Any]) -> jaxremat.Footprint:
     return jaxremat.measure(loss_of(fn, self.kwargs), self.params, self.x)
@@ -143,14 +143,14 @@ def _none(ctx: Context) -> Outcome:
 
 def _best_uniform(ctx: Context) -> Outcome:
   """The checkpoint-every-k plan XLA measures smallest, over a few k: the three best by
-  jaxremat's estimate and k spread geometrically over 1..n-1 (every k when n is small)."""
+  jaxremat's estimate and, for more candidates, k spread geometrically over 1..n-1."""
   n = ctx.base.chain.n
   ks = range(1, n)
   if n - 1 > ctx.uniform_candidates:
     by_estimate = sorted(ks, key=lambda k: ctx.base.predict_total_bytes(uniform_plan(n, k)))
-    m = max(2, ctx.uniform_candidates - 3)
-    spread = {round((n - 1) ** (t / (m - 1))) for t in range(m)}
-    ks = sorted({*by_estimate[:3], *spread} & set(ks))
+    m = ctx.uniform_candidates - 3
+    spread = {round((n - 1) ** (t / (m - 1))) for t in range(m)} if m >= 2 else set()
+    ks = sorted({*by_estimate[:min(3, ctx.uniform_candidates)], *spread} & set(ks))
   tried = {}
   for k in ks:
     plan = uniform_plan(n, k)
@@ -214,6 +214,9 @@ STRATEGIES: dict[str, tuple[str, Callable[[Context], Outcome]]] = {
     "budget-75%": ("apply(budget_bytes=fixed + 75% of no-remat activations)", _budget(0.75)),
     "budget-50%": ("apply(budget_bytes=fixed + 50% of no-remat activations)", _budget(0.5)),
 }
+
+#: Strategies run unless --strategies says otherwise (apply-verify costs ~5 compiles more).
+DEFAULT_STRATEGIES = tuple(s for s in STRATEGIES if s != "apply-verify")
 
 #: Single-level strategies that minimise memory (item compared in docs/memory-model.md).
 MEMORY_STRATEGIES = ("every-layer", "sqrt", "best-uniform", "jax-nothing-saveable",
@@ -336,8 +339,9 @@ def main() -> int:
   parser.add_argument("--models", help=f"comma-separated subset of: {', '.join(m.name for m in MODELS)}")
   parser.add_argument("--only", help=argparse.SUPPRESS)  # the former one-model flag
   parser.add_argument("--strategies", help=f"comma-separated subset of: {', '.join(STRATEGIES)}")
-  parser.add_argument("--uniform-candidates", type=int, default=6,
-                      help="at most this many k compiled for best-uniform (default 6)")
+  parser.add_argument("--uniform-candidates", type=int, default=3,
+                      help="k compiled for best-uniform: the 3 best by the estimate, and above 4 "
+                           "also k spread over 1..n-1 (default 3)")
   parser.add_argument("--plots", help="directory for the PNG plots (needs matplotlib)")
   parser.add_argument("--replot", help="plot the rows of this JSON instead of measuring")
   args = parser.parse_args()
@@ -347,9 +351,11 @@ def main() -> int:
     print("\n".join(plot(rows, args.plots or "docs/img")))
     return 0
   wanted = (args.models or args.only or "").split(",")
-  chosen = [m for m in MODELS if (m.name in wanted if wanted != [""] else (m.quick or not args.quick))]
+  by_name = {m.name: m for m in MODELS}
+  chosen = ([by_name[w] for w in wanted if w in by_name] if wanted != [""]
+            else [m for m in MODELS if m.quick or not args.quick])
   unknown = set(wanted) - {m.name for m in MODELS} - {""}
-  strategies = (args.strategies.split(",") if args.strategies else list(STRATEGIES))
+  strategies = (args.strategies.split(",") if args.strategies else list(DEFAULT_STRATEGIES))
   unknown |= set(strategies) - set(STRATEGIES)
   if unknown:
     parser.error(f"unknown model or strategy names: {sorted(unknown)}")
@@ -359,24 +365,30 @@ def main() -> int:
   for k, spec in enumerate(chosen):
     _log(f"[{k + 1}/{len(chosen)}] {spec.name} ({time.perf_counter() - start:.0f} s so far)")
     rows += bench_model(spec, strategies, args.uniform_candidates)
-  table = to_markdown(rows)
-  print(table)
-  if args.out:
-    meta = {"date": datetime.date.today().isoformat(), "command": " ".join(["python", *sys.argv]),
-            "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()}, "
-                      f"{os.cpu_count()} cores)",
-            "versions": {"jax": jax.__version__, "flax": flax.__version__,
-                         "python": platform.python_version()},
-            "seconds": round(time.perf_counter() - start, 1),
-            "strategies": {s: STRATEGIES[s][0] for s in strategies}}
-    with open(args.out, "w") as f:
-      json.dump({"meta": meta, "rows": rows, "table": table}, f, indent=1)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-      f.write(f"Command: `{meta['command']}` ({meta['device']}, jax {jax.__version__}, "
-              f"flax {flax.__version__}, {meta['date']}, {meta['seconds']} s)\n\n{table}\n")
+    if args.out:  # after every model, so that a cut-short run keeps what it measured
+      _write(args.out, rows, strategies, time.perf_counter() - start, done=k + 1 == len(chosen))
+  print(to_markdown(rows))
   if args.plots:
     _log("plots: " + ", ".join(plot(rows, args.plots)))
   return 0
+
+
+def _write(path: str, rows: list[dict], strategies: list[str], seconds: float, done: bool) -> None:
+  """The JSON (rows, table, device, versions, command) and the markdown table beside it."""
+  table = to_markdown(rows)
+  meta = {"date": datetime.date.today().isoformat(), "command": " ".join(["python", *sys.argv]),
+          "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()}, "
+                    f"{os.cpu_count()} cores)",
+          "versions": {"jax": jax.__version__, "flax": flax.__version__,
+                       "python": platform.python_version()},
+          "seconds": round(seconds, 1), "complete": done,
+          "strategies": {s: STRATEGIES[s][0] for s in strategies}}
+  with open(path, "w") as f:
+    json.dump({"meta": meta, "rows": rows, "table": table}, f, indent=1)
+  with open(os.path.splitext(path)[0] + ".md", "w") as f:
+    f.write(f"Command: `{meta['command']}` ({meta['device']}, jax {jax.__version__}, "
+            f"flax {flax.__version__}, {meta['date']}, {meta['seconds']} s"
+            f"{'' if done else ', cut short'})\n\n{table}\n")
 
 
 if __name__ == "__main__":
