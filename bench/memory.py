@@ -9,6 +9,7 @@ jaxremat's predicted footprint where it makes one (``predicted_total_bytes``), X
 compiled footprint of the gradient step (argument + output + temp - alias, with the
 optimization barriers kept on CPU; ``jaxremat.measure``) and the recomputed FLOPs: the
 compiled step's cost-analysis FLOPs minus those of the step without remat.
+``DEFAULT_STRATEGIES`` is every strategy but ``apply-verify`` (name it in --strategies).
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ MODELS: tuple[ZooModel, ...] = (
     ZooModel("vgg11-w0.25", lambda: zoo.vgg("vgg11", width=0.25), _images(16), quick=True),
     ZooModel("vgg16-w0.25", lambda: zoo.vgg("vgg16", width=0.25), _images(16)),
     ZooModel("vgg19-w0.25", lambda: zoo.vgg("vgg19", width=0.25), _images(16)),
-    ZooModel("vgg11-224px-w0.125", lambda: zoo.vgg("vgg11", width=0.125, hidden=256, num_classes=1000),
+    ZooModel("vgg11-224px-w0.125",
+             lambda: zoo.vgg("vgg11", width=0.125, hidden=256, num_classes=1000),
              _images(2, 224)),
     ZooModel("resnet18-w0.25", lambda: zoo.resnet_by_name("resnet18", width=0.25), _images(16), BN,
              quick=True),
-    ZooModel("resnet50-w0.125-d0.34", lambda: zoo.resnet_by_name("resnet50", width=0.125, depth=0.34),
+    ZooModel("resnet50-w0.125-d0.34",
+             lambda: zoo.resnet_by_name("resnet50", width=0.125, depth=0.34),
              _images(16), BN),
     ZooModel("resnet152-w0.125-d0.15",
              lambda: zoo.resnet_by_name("resnet152", width=0.125, depth=0.15), _images(8), BN),
@@ -210,7 +213,8 @@ STRATEGIES: dict[str, tuple[str, Callable[[Context], Outcome]]] = {
     "flax-remat-layers": ("nn.remat on every layer of the Sequential", _flax_remat),
     "model-a-dp": ("Hong et al.'s model A optimum: solve(chain, 'dp')", _plan("dp")),
     "apply": ("jaxremat.apply: model R optimum, refined on the estimate", _apply),
-    "apply-verify": ("jaxremat.apply(verify=True): the candidate XLA measures least", _apply_verify),
+    "apply-verify": ("jaxremat.apply(verify=True): the candidate XLA measures least",
+                     _apply_verify),
     "budget-75%": ("apply(budget_bytes=fixed + 75% of no-remat activations)", _budget(0.75)),
     "budget-50%": ("apply(budget_bytes=fixed + 50% of no-remat activations)", _budget(0.5)),
 }
@@ -301,12 +305,14 @@ def plot(rows: list[dict], out_dir: str, suffix: str = "cpu") -> list[str]:
   width = 0.85 / len(strategies)
   for k, s in enumerate(strategies):
     xs = [i + (k - len(strategies) / 2) * width for i, m in enumerate(names) if (m, s) in cell]
-    ys = [100 * cell[m, s]["measured_bytes"] / none[m]["measured_bytes"] for m in names if (m, s) in cell]
+    ys = [100 * cell[m, s]["measured_bytes"] / none[m]["measured_bytes"]
+          for m in names if (m, s) in cell]
     ax.bar(xs, ys, width, label=s, color=colors[k], align="edge")
   ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
   ax.set_ylabel("XLA footprint of the gradient step (% of no remat)")
   ax.axhline(100, color="gray", lw=0.8)
-  ax.legend(fontsize=7, ncol=3)
+  ax.set_ylim(0, 145)  # room for the legend above the bars
+  ax.legend(fontsize=7, ncol=6, loc="upper center")
   ax.set_title(f"Memory per strategy ({suffix}, XLA compiled statistics)")
   fig.tight_layout()
   bars = os.path.join(out_dir, f"memory-strategies-{suffix}.png")
@@ -336,7 +342,8 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", help="JSON path; the markdown table goes beside it (.md)")
   parser.add_argument("--quick", action="store_true", help="only the models marked quick")
-  parser.add_argument("--models", help=f"comma-separated subset of: {', '.join(m.name for m in MODELS)}")
+  parser.add_argument("--models",
+                      help=f"comma-separated subset of: {', '.join(m.name for m in MODELS)}")
   parser.add_argument("--only", help=argparse.SUPPRESS)  # the former one-model flag
   parser.add_argument("--strategies", help=f"comma-separated subset of: {', '.join(STRATEGIES)}")
   parser.add_argument("--uniform-candidates", type=int, default=3,

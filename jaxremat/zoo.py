@@ -160,7 +160,8 @@ def resnet(
                           dtype=dtype),
                   nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=dtype), nn.relu]
   if big:
-    layers.append(functools.partial(nn.max_pool, window_shape=(3, 3), strides=(2, 2), padding="SAME"))
+    layers.append(functools.partial(nn.max_pool, window_shape=(3, 3), strides=(2, 2),
+                                    padding="SAME"))
   for s, blocks in enumerate(stages):
     for b in range(blocks):
       layers.append(kinds[block](width * 2**s, strides=2 if (b == 0 and s > 0) else 1, train=train,
@@ -240,7 +241,8 @@ class TransformerBlock(nn.Module):
     y = nn.LayerNorm(dtype=self.dtype)(x)
     x = x + nn.MultiHeadDotProductAttention(self.num_heads, dtype=self.dtype)(y, y, mask=mask)
     y = nn.LayerNorm(dtype=self.dtype)(x)
-    y = nn.Dense(x.shape[-1], dtype=self.dtype)(nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y)))
+    y = nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y))
+    y = nn.Dense(x.shape[-1], dtype=self.dtype)(y)
     return x + y
 
 
@@ -263,7 +265,8 @@ def vit(
   """A ViT (Dosovitskiy et al. 2021) as a chain: patchify, ``depth`` pre-LN blocks, final
   LayerNorm, mean over tokens, classifier. The sequence length is the number of patches
   of the input image (``(32 // 4) ** 2 = 64`` for CIFAR at ``patch=4``)."""
-  blocks = [TransformerBlock(num_heads, mlp_ratio * dim, causal=causal, dtype=dtype) for _ in range(depth)]
+  blocks = [TransformerBlock(num_heads, mlp_ratio * dim, causal=causal, dtype=dtype)
+            for _ in range(depth)]
   return nn.Sequential([PatchEmbed(patch, dim, dtype=dtype), *blocks, nn.LayerNorm(dtype=dtype),
                         mean_over_tokens, nn.Dense(num_classes, dtype=dtype)])
 
@@ -282,7 +285,8 @@ def gpt(
   """A GPT-style decoder as a chain: token + position embedding, ``depth`` pre-LN blocks
   (causal attention), final LayerNorm, per-token logits over ``vocab_size``. Input:
   integer tokens ``(batch, seq)`` with ``seq <= max_len``."""
-  blocks = [TransformerBlock(num_heads, mlp_ratio * dim, causal=causal, dtype=dtype) for _ in range(depth)]
+  blocks = [TransformerBlock(num_heads, mlp_ratio * dim, causal=causal, dtype=dtype)
+            for _ in range(depth)]
   return nn.Sequential([TokenEmbed(vocab_size, dim, max_len, dtype=dtype), *blocks,
                         nn.LayerNorm(dtype=dtype), nn.Dense(vocab_size, dtype=dtype)])
 

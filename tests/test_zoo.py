@@ -18,10 +18,12 @@ TOKENS = jax.random.randint(KEY, (4, 16), 0, 32)
 # (name, model, input, kwargs for apply, tolerance): tiny configurations of each family.
 TINY = [
     ("vgg11", zoo.vgg("vgg11", width=1 / 16, hidden=16), CIFAR, {}, 1e-5),
-    ("resnet50-style", zoo.resnet((1, 1), width=4, block="bottleneck", stem="imagenet"), CIFAR, BN, 1e-4),
+    ("resnet50-style", zoo.resnet((1, 1), width=4, block="bottleneck", stem="imagenet"), CIFAR,
+     BN, 1e-4),
     ("vit-bf16", zoo.vit(patch=4, dim=16, depth=2, num_heads=2, dtype=jnp.bfloat16),
      IMG.astype(jnp.bfloat16), {}, 3e-2),
-    ("gpt-causal", zoo.gpt(vocab_size=32, max_len=16, dim=16, depth=2, num_heads=2), TOKENS, {}, 1e-5),
+    ("gpt-causal", zoo.gpt(vocab_size=32, max_len=16, dim=16, depth=2, num_heads=2), TOKENS, {},
+     1e-5),
     ("mlp-uneven", zoo.mlp([64, 256, 16, 128, 10]), jax.random.normal(KEY, (16, 24)), {}, 1e-5),
 ]
 IDS = [t[0] for t in TINY]
@@ -39,10 +41,12 @@ def _loss(fn, kwargs, with_outputs=False):
 
 def _assert_trees_close(want, got, tol):
   assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree_util.tree_leaves(got)):
+  leaves = jax.tree_util.tree_leaves(got)
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(want), leaves):
     x32, y32 = np.asarray(x, np.float32), np.asarray(y, np.float32)
     scale = max(1.0, float(np.max(np.abs(x32))))
-    np.testing.assert_allclose(y32, x32, atol=tol * scale, rtol=tol, err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(y32, x32, atol=tol * scale, rtol=tol,
+                               err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.fixture(scope="module", params=TINY, ids=IDS)
@@ -55,7 +59,8 @@ def tiny(request):
 def _compiled_step(fn, kwargs, params, x):
   """The jitted gradient step (gradients and outputs), compiled as XLA would run it; on CPU
   with the optimization barriers kept (DESIGN.md), so that remat is not undone."""
-  keep = {"xla_disable_hlo_passes": "cse_barrier_expander"} if jax.default_backend() == "cpu" else None
+  cpu = jax.default_backend() == "cpu"
+  keep = {"xla_disable_hlo_passes": "cse_barrier_expander"} if cpu else None
   step = jax.jit(jax.grad(_loss(fn, kwargs, with_outputs=True), has_aux=True))
   return step.lower(params, x).compile(compiler_options=keep)
 
