@@ -179,8 +179,9 @@ def apply(
       the XLA-aware estimate (``predict_total_bytes``), which knows that XLA can place
       activations in gradient buffers not yet written.
     verify: compile the training step (``jax.grad`` of a sum of mean squares of the
-      float outputs) for the chosen plan, model R's optimum and the three best uniform
-      plans by the estimate, and keep the one XLA measures smallest (ties: least
+      float outputs) for the chosen plan, model R's optimum, model A's optimum (Hong et
+      al.'s coarser model, up to 1,000 layers) and the three best uniform plans by the
+      estimate, and keep the one XLA measures smallest (ties: least
       recompute); with ``scan_segment="auto"``, first measure every segment length of
       each scanned stack likewise. With ``budget_bytes``, instead tighten the plan
       until XLA's footprint fits the budget. Costs one whole-step compile per
@@ -280,6 +281,8 @@ def apply(
   seconds = time.perf_counter() - start
   if verify and method == "optimal" and budget_bytes is None:
     candidates = [plan, solve(chain, "optimal"), *_best_uniform_plans(chain, prof.buffers, 3)]
+    if chain.n <= _MODEL_A_MAX_LAYERS:
+      candidates.append(solve(chain, "dp"))
     verified = {}
     for candidate in dict.fromkeys(Plan(c.checkpoints) for c in candidates):
       drop_in = _DropIn(model_fn, candidate, layer_depth, traced, key, scans)
@@ -322,6 +325,7 @@ def _scalar_loss(fn: Callable[..., Any], model_kwargs: dict[str, Any]) -> Callab
 
 
 _TIE_BREAK_MAX_LAYERS = 20_000  # the least-recompute tie-break is O(n log n) solves
+_MODEL_A_MAX_LAYERS = 1_000  # model A's O(n^3) program: 33 ms at n = 1,000
 
 
 def _solve_within(chain: Chain, budget_bytes: int, fixed_bytes: int, method: str) -> Plan:
