@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jaxremat
 from jaxremat import _sharding
 from jaxremat import zoo
+from jaxremat.solvers import uniform_plan
 
 
 def main() -> None:
@@ -49,6 +50,10 @@ def main() -> None:
   fp_remat = jaxremat.measure(loss(r.fn), params_s, x_s)
   fp_none = jaxremat.measure(loss(model.apply), params_s, x_s)
   fp_global = jaxremat.measure(loss(r.fn), params, x)
+  n = r.chain.n
+  uniform = {k: jaxremat.measure(loss(jaxremat.apply(model.apply, params_s, x_s,
+                                                      plan=uniform_plan(n, k)).fn),
+                                 params_s, x_s).total_bytes for k in range(1, n)}
   print(json.dumps({
       "devices": jax.device_count(), "mesh": dict(mesh.shape),
       "checkpoints": list(r.plan.checkpoints),
@@ -59,6 +64,8 @@ def main() -> None:
       "params_batch_bytes_per_device": _sharding.tree_device_bytes((params_s, x_s)),
       "params_batch_bytes": _sharding.tree_device_bytes((params, x)),
       "measured_one_device": fp_global.total_bytes,
+      "measured_best_uniform": min(uniform.values()),
+      "best_uniform_k": min(uniform, key=uniform.get),
   }))
 
 
