@@ -222,7 +222,33 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
     return [k for v in eqn.invars if not isinstance(v, _compat.Literal)
             for k in kept(v, uses.get(v, 0) == 1)]
 
-  return [k for atom in res_atoms for k in kept(atom, uses.get(atom, 0) == 0)]
+  kept_atoms = [k for atom in res_atoms for k in kept(atom, uses.get(atom, 0) == 0)]
+  held = set(res_atoms) | set(jaxpr.invars) | set(jaxpr.constvars)
+  return [k for k in kept_atoms if k in held or not _recomputable(k, producer, held)]
+
+
+#: Fusible primitives XLA does not duplicate into a second consumer.
+_EXPENSIVE = frozenset({"div", "exp", "log", "logistic", "rsqrt", "sqrt", "tanh"})
+
+
+def _recomputable(atom, producer: dict, held: set) -> bool:
+  """True when cheap fusible ops make ``atom`` from held values and small ones (a
+  tenth of its size or less, such as broadcast statistics): XLA then recomputes it in
+  the backward fusion rather than keeping it (relu after BatchNorm reads the normalised
+  value BatchNorm's own residuals give back)."""
+  size = _compat.aval_bytes(atom.aval)
+
+  def ok(v) -> bool:
+    if isinstance(v, _compat.Literal) or v in held or 10 * _compat.aval_bytes(v.aval) <= size:
+      return True
+    eqn = producer.get(v)
+    if eqn is None or eqn.primitive.name not in _FUSIBLE or eqn.primitive.name in _EXPENSIVE:
+      return False
+    return all(ok(u) for u in eqn.invars)
+
+  eqn = producer.get(atom)
+  return (eqn is not None and eqn.primitive.name in _FUSIBLE
+          and eqn.primitive.name not in _EXPENSIVE and all(ok(u) for u in eqn.invars))
 
 
 def _input_dependent(jaxpr) -> set:
