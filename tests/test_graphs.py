@@ -14,8 +14,8 @@ from jaxremat import zoo_graphs
 from jaxremat._errors import InvalidChainError, NotAChainError, UnknownMethodError
 from jaxremat._graph import GraphChain, graph_peak_bytes, graph_recompute_flops
 from jaxremat.solvers._graph import solve_graph
-from tests.graph_oracles import random_graph, simulate_graph_peak
-from tests.oracles import all_plans, literal_peak_of, random_chain
+from graph_oracles import random_graph, simulate_graph_peak
+from oracles import all_plans, literal_peak_of, random_chain
 
 # ---------------------------------------------------------------- model G and its solver
 
