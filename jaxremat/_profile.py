@@ -205,7 +205,9 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
   fusible op, such as relu's mask ``x > 0`` or tanh's ``1 - y``, is fused into its
   backward consumer: XLA keeps the op's operands instead (here ``x`` and ``y``), which
   may be larger (a bool mask becomes its f32 source) or smaller (a broadcast becomes
-  its source vector). Applied recursively through single-use fusible producers.
+  its source vector). Applied recursively through single-use fusible producers. A
+  value so reached that XLA can recompute from saved values (``_recomputable``) is
+  dropped.
   """
   producer = {v: e for e in jaxpr.eqns for v in e.outvars}
   uses: dict = {}
@@ -227,7 +229,7 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
   return [k for k in kept_atoms if k in held or not _recomputable(k, producer, held)]
 
 
-#: Fusible primitives XLA does not duplicate into a second consumer.
+#: Fusible primitives too costly for XLA to recompute in a second fusion.
 _EXPENSIVE = frozenset({"div", "exp", "log", "logistic", "rsqrt", "sqrt", "tanh"})
 
 
