@@ -33,17 +33,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from jaxremat._chain import Chain, Plan, validate_plan
+from jaxremat._chain import Chain, Plan, _ints, validate_plan
 from jaxremat._errors import InvalidChainError, InvalidPlanError
-
-
-def _ints(name: str, values: Sequence[int] | None, length: int, default: int = 0) -> tuple[int, ...]:
-  out = tuple(int(v) for v in values) if values is not None else (default,) * length
-  if len(out) != length:
-    raise InvalidChainError(f"{name} has {len(out)} entries, expected {length}.")
-  if any(v < 0 for v in out):
-    raise InvalidChainError(f"{name} must be non-negative, got {out}.")
-  return out
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -88,10 +79,10 @@ class GraphChain:
   ):
     n = len(res_bytes)
     m = len(value_bytes)
-    size = _ints("value_bytes", value_bytes, m)
-    cot = _ints("value_cot_bytes", value_cot_bytes if value_cot_bytes is not None else size, m)
-    made = _ints("defined", defined, m)
-    last = _ints("last_use", last_use, m)
+    size = _ints("value_bytes", value_bytes, m, ())
+    cot = _ints("value_cot_bytes", value_cot_bytes, m, size)
+    made = _ints("defined", defined, m, ())
+    last = _ints("last_use", last_use, m, ())
     bad = [v for v in range(m) if not made[v] < last[v] <= n + 1 or made[v] > n]
     if bad:
       raise InvalidChainError(
@@ -110,9 +101,9 @@ class GraphChain:
     if len(nm) != n:
       raise InvalidChainError(f"names has {len(nm)} entries, expected {n}.")
     fields = dict(value_bytes=size, value_cot_bytes=cot, defined=made, last_use=last, saved=keep,
-                  res_bytes=_ints("res_bytes", res_bytes, n),
-                  workspace_bytes=_ints("workspace_bytes", workspace_bytes, n),
-                  flops=_ints("flops", flops, n), names=nm)
+                  res_bytes=_ints("res_bytes", res_bytes, n, ()),
+                  workspace_bytes=_ints("workspace_bytes", workspace_bytes, n, (0,) * n),
+                  flops=_ints("flops", flops, n, (0,) * n), names=nm)
     for key, value in fields.items():
       object.__setattr__(self, key, value)
 
