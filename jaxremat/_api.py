@@ -242,7 +242,7 @@ def apply(
   prof = profile(traced, calibrate=calibrate)
   chain = _scan.with_workspace(prof.chain, scans) if scans else prof.chain
   start = time.perf_counter()
-  fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
+  fixed = _fixed_bytes(params, batch, arrays)
   if _sharding.is_sharded((params, batch, arrays)):  # bytes per device from here on
     flat = jax.tree_util.tree_leaves((params, batch, arrays))
     prof = _sharding.per_device_profile(traced, dataclasses.replace(prof, chain=chain), flat)
@@ -431,6 +431,11 @@ def _check_arrays(what: str, tree: Any) -> None:
 
 def _tree_bytes(tree: Any) -> int:
   return sum(_compat.aval_bytes(x) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _fixed_bytes(params: Any, batch: Any, arrays: Any) -> int:
+  """Bytes held through the whole step: params, batch, array kwargs, parameter gradients."""
+  return _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
 
 
 def _float_bytes(tree: Any) -> int:

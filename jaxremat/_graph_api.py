@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxremat._api import _DropIn, _float_bytes, _fmt, _key, _scalar_loss, _tree_bytes
+from jaxremat._api import _DropIn, _fixed_bytes, _fmt, _key, _scalar_loss
 from jaxremat._chain import Plan
 from jaxremat._errors import NotAChainError
 from jaxremat._graph import GraphChain, graph_peak_bytes, graph_recompute_flops
@@ -112,7 +112,7 @@ def apply_graph(model_fn: Callable[..., Any], params: Any, batch: Any, *, method
     plan = solve_graph(graph, method)
   seconds = time.perf_counter() - start
   arrays, _, _ = split_kwargs(model_kwargs)
-  fixed = _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _float_bytes(params)
+  fixed = _fixed_bytes(params, batch, arrays)
   key = _key(params, batch, model_kwargs)
   verified = None
   if verify and solved:
