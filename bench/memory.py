@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 import jaxremat
 from jaxremat import zoo
+from jaxremat._bench import loss_of  # the loss `jaxremat bench` measures
 from jaxremat.solvers import uniform_plan
 
 BN = {"mutable": ["batch_stats"]}
@@ -91,15 +92,6 @@ MODELS: tuple[ZooModel, ...] = (
 def models() -> dict[str, tuple[nn.Module, jax.Array, dict]]:
   """name -> (model, batch, apply kwargs) for every model of ``MODELS``."""
   return {m.name: (m.build(), m.batch(), m.kwargs) for m in MODELS}
-
-
-def loss_of(fn: Callable[..., Any], kwargs: dict) -> Callable[..., Any]:
-  """``loss(params, x)``: mean square of the model output (its first element with state)."""
-  def loss(params, x):
-    out = fn(params, x, **kwargs)
-    out = out[0] if isinstance(out, tuple) else out
-    return jnp.mean(jnp.square(out.astype(jnp.float32)))
-  return loss
 
 
 @dataclasses.dataclass
@@ -345,7 +337,8 @@ def main() -> int:
   parser.add_argument("--models",
                       help=f"comma-separated subset of: {', '.join(m.name for m in MODELS)}")
   parser.add_argument("--only", help=argparse.SUPPRESS)  # the former one-model flag
-  parser.add_argument("--strategies", help=f"comma-separated subset of: {', '.join(STRATEGIES)}")
+  names = ", ".join(STRATEGIES).replace("%", "%%")  # argparse %-formats help strings
+  parser.add_argument("--strategies", help=f"comma-separated subset of: {names}")
   parser.add_argument("--uniform-candidates", type=int, default=3,
                       help="k compiled for best-uniform: the 3 best by the estimate, and above 4 "
                            "also k spread over 1..n-1 (default 3)")
