@@ -20,24 +20,105 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   gradient buffer holds one live buffer, which must fit. Buffers are hosted greedily,
   largest first, each in the smallest gradient buffer that fits. The batch ``x_0`` is
   an argument, not temp.
+
+  Buffers XLA's CPU backend allocates when the step starts (``buffers.start``, see
+  ``_xla_cpu``) are added where they are live, and then the forward pass is walked too:
+  at layer ``k`` the checkpoints before it, the residuals of the final segment's layers
+  up to ``k`` and the start buffers still live.
   """
   n = chain.n
   grads = sorted((size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1])
-  peak = 0
+  segments = plan.segments(n)
+  start = _StartBuffers(buffers, segments) if any(s.until_backward or s.kernels for s in buffers.start) else None
+  peak = _forward_peak(chain, buffers, segments, start, grads) if start is not None else 0
   held: list[tuple[int, int]] = []  # (bytes, hostable in gradients of layers <= this)
-  for l, r in plan.segments(n):
+  for l, r in segments:
     if l > 0:
       held.append((chain.act_bytes[l], l))
     seg: list[tuple[int, int]] = []
     for i in range(l + 1, r + 1):
-      seg += [(size, i - 1) for size in buffers.residuals[i - 1]]
-      if i > l + 1:
-        seg += [(size, i - 1) for size in buffers.inputs[i - 1]]
+      seg += _saved(buffers, l, i)
       transient = [(chain.cot_bytes[i], i - 1), (chain.cot_bytes[i - 1], i - 1),
                    (chain.workspace_bytes[i - 1], i - 1)]
-      live = [b for b in (*held, *seg, *transient) if b[0] > 0]
+      extra = start.backward(i) if start is not None else []
+      live = [b for b in (*held, *seg, *transient, *extra) if b[0] > 0]
       peak = max(peak, _unhosted_bytes(live, grads, written_from=i))
   return peak
+
+
+def _saved(buffers: Buffers, l: int, i: int) -> list[tuple[int, int]]:
+  """Layer ``i``'s residual buffers in a segment starting at ``l`` (whose input is held)."""
+  saved = [(size, i - 1) for size in buffers.residuals[i - 1]]
+  if i > l + 1:
+    saved += [(size, i - 1) for size in buffers.inputs[i - 1]]
+  return saved
+
+
+def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers, grads) -> int:
+  """Peak over the forward pass: at layer ``k`` the checkpoints before it, the residuals
+  of the final segment's layers up to ``k`` and the start buffers still live. No
+  gradient is written yet, so every gradient buffer can host."""
+  n = chain.n
+  peak = 0
+  held: list[tuple[int, int]] = []
+  for l, r in segments:
+    if l > 0:
+      held.append((chain.act_bytes[l], l))
+    seg: list[tuple[int, int]] = []
+    for k in range(l + 1, r + 1):
+      if r == n:  # only the final segment keeps residuals in the forward pass
+        seg += _saved(buffers, l, k)
+      live = [b for b in (*held, *seg, *start.forward(k)) if b[0] > 0]
+      peak = max(peak, _unhosted_bytes(live, grads, written_from=n + 1))
+  return peak
+
+
+class _StartBuffers:
+  """The CPU start buffers (``_xla_cpu.StartBuffers`` per layer) live at each step of a plan."""
+
+  def __init__(self, buffers: Buffers, segments: list[tuple[int, int]]):
+    n = len(buffers.start)
+    recomputed = [False] * (n + 1)
+    for l, r in segments[:-1]:
+      for i in range(l + 1, r + 1):
+        recomputed[i] = True
+    # From the start to the layer's backward: zeros always, kernels of layers run once.
+    self.zeros = [(s.until_backward, j) for j, s in enumerate(buffers.start, start=1)]
+    self.kernels = [(0 if recomputed[j] else s.kernels, j) for j, s in enumerate(buffers.start, start=1)]
+    self.kernels_late = [s.kernels if recomputed[j] else 0 for j, s in enumerate(buffers.start, start=1)]
+    # Per iota shape: its bytes and the layers that use it, each with when it is last used.
+    uses: dict[tuple[int, ...], list[tuple[int, bool]]] = {}
+    size: dict[tuple[int, ...], int] = {}
+    for j, s in enumerate(buffers.start, start=1):
+      for shape, nbytes in s.indices:
+        uses.setdefault(shape, []).append((j, recomputed[j]))
+        size[shape] = nbytes
+    self.indices = [(size[shape], u) for shape, u in uses.items()]
+    self.n = n
+
+  def forward(self, k: int) -> list[tuple[int, int]]:
+    """Live while layer ``k``'s forward runs: every zeros buffer and kernel copy made at
+    the start; each iota whose last use is at layer ``k`` or later (a later forward, or
+    any recompute)."""
+    live = [(size, j - 1) for size, j in (*self.zeros, *self.kernels)]
+    for size, uses in self.indices:
+      if any(again or j >= k for j, again in uses):
+        # hostable in gradients written after its last use: a recompute's layer, or any
+        live.append((size, min((j - 1 for j, again in uses if again), default=self.n)))
+    return live
+
+  def backward(self, i: int) -> list[tuple[int, int]]:
+    """Live while layer ``i``'s backward runs: zeros of layers before ``i`` (layer
+    ``i``'s own became its input cotangent), kernel copies of layers up to ``i``, and
+    iotas a recompute at or before ``i`` still needs."""
+    live = [(size, j - 1) for size, j in self.zeros if j < i]
+    live += [(size, j - 1) for size, j in self.kernels if j <= i]
+    live.append((self.kernels_late[i - 1], i - 1))
+    for size, uses in self.indices:
+      again = [j for j, recomputed in uses if recomputed and j <= i]
+      if again:
+        live.append((size, min(again) - 1))
+    return live
 
 
 def _unhosted_bytes(live: list[tuple[int, int]], grads: list[tuple[int, int]], written_from: int) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import jax
 
-from jaxremat import _compat
+from jaxremat import _compat, _xla_cpu
 from jaxremat._chain import Chain
 from jaxremat._measure import default_compiler_options
 from jaxremat._trace import Layer, TracedChain
@@ -33,11 +33,14 @@ class Buffers:
     inputs: bytes of each saved input that no earlier layer already saves.
     param_grads: bytes of each parameter gradient the layer's backward writes (a
       parameter read by several layers counts for the first).
+    start: what XLA's CPU backend allocates for the layer's backward when the step
+      starts (``_xla_cpu``; empty on other backends).
   """
 
   residuals: tuple[tuple[int, ...], ...]
   inputs: tuple[tuple[int, ...], ...]
   param_grads: tuple[tuple[int, ...], ...]
+  start: tuple[_xla_cpu.StartBuffers, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,10 +91,17 @@ def profile(traced: TracedChain, calibrate: bool = False) -> Profile:
     mine = [v for v in layer.invariants if v in param_vars and v not in seen_params and _compat.is_float(v.aval)]
     seen_params.update(mine)
     param_grads.append(tuple(_compat.aval_bytes(v.aval) for v in mine))
+  start = ()
+  if jax.default_backend() == "cpu":
+    start = tuple(
+        _start_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants,
+                       differentiate_inputs=i > 0)
+        for i, layer in enumerate(layers))
   buffers = Buffers(
       residuals=tuple(r.computed for r in residuals),
       inputs=tuple(tuple(_compat.aval_bytes(v.aval) for v in s) for s in saved_inputs),
-      param_grads=tuple(param_grads))
+      param_grads=tuple(param_grads),
+      start=start)
   work = [0] * n
   if calibrate:
     for i, layer in enumerate(layers):
@@ -262,13 +272,9 @@ def _input_dependent(jaxpr) -> set:
   return varying
 
 
-def _backward_temp_bytes(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> int:
-  """XLA's temp bytes for the layer's forward and backward compiled alone.
-
-  The program takes the layer's inputs and its output cotangents and returns the
-  gradients, so its temp holds what the layer's backward needs beyond them: the
-  residuals as XLA keeps them (after fusion) and any transient workspace.
-  """
+def _forward_and_backward(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
+  """``step(args, cts)``: the layer's forward and backward (gradients from the inputs and
+  output cotangents), and the abstract ``args`` and ``cts``."""
   vjp, in_vars, out_vars = _differentiable(layer, inputs, grad_invariants, differentiate_inputs)
 
   def step(args, cts):
@@ -279,7 +285,26 @@ def _backward_temp_bytes(layer: Layer, inputs, grad_invariants, differentiate_in
       jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype if _compat.is_float(v.aval) else jax.dtypes.float0)
       for v in out_vars
   ]
-  compiled = jax.jit(step).lower(list(map(_spec, in_vars)), cts).compile(
+  return step, list(map(_spec, in_vars)), cts
+
+
+def _start_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
+  """What XLA's CPU backend allocates for the layer's backward when the step starts."""
+  step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
+  n_inputs = len(dict.fromkeys(inputs))  # args are the inputs, then the invariants
+  activations = [k < n_inputs for k in range(len(args))] + [True] * len(cts)
+  return _xla_cpu.start_buffers(jax.make_jaxpr(step)(args, cts), activations)
+
+
+def _backward_temp_bytes(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> int:
+  """XLA's temp bytes for the layer's forward and backward compiled alone.
+
+  The program takes the layer's inputs and its output cotangents and returns the
+  gradients, so its temp holds what the layer's backward needs beyond them: the
+  residuals as XLA keeps them (after fusion) and any transient workspace.
+  """
+  step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
+  compiled = jax.jit(step).lower(args, cts).compile(
       compiler_options=default_compiler_options() or None)
   return int(compiled.memory_analysis().temp_size_in_bytes)
 

@@ -1,0 +1,89 @@
+"""Buffers XLA's CPU backend adds to a backward pass that the jaxpr does not show.
+
+XLA's CPU pipeline has no native select-and-scatter (the gradient of a max- or
+min-pool, ``select_and_scatter_add`` in the jaxpr). It expands each into an ``iota`` per
+operand dimension (``s32``, the operand's shape), a reduce-window over the operand and
+those iotas that picks the winning indices, and a scatter of the cotangent into a
+zero-filled buffer of the operand's shape. Neither the iotas nor the zeros depend on
+any activation, so XLA's scheduler creates them when the step starts:
+
+* the zeros stay live until the pool's backward scatters into them;
+* the iotas stay live until the reduce-window runs: in the forward pass when the pool's
+  layer is not recomputed, in the backward pass when it is. Iotas of one shape are one
+  buffer (XLA merges identical ``iota`` instructions).
+
+The reversed kernel a convolution's input gradient convolves with (``rev`` of a
+parameter in the jaxpr) depends on parameters only too: it is made when the step starts
+and lives until the layer's backward, unless the layer is recomputed. Then it reads the
+parameter through the recompute's optimization barrier and is made in the backward.
+
+Measured on jax 0.10.2 (CPU): a VGG-11 with batch 16 at 32x32 holds 7.6 MiB of iotas and
+1.9 MiB of zeros at its peak, against 4.5 MiB of residuals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from jaxremat import _compat
+
+#: The gradient primitives XLA's CPU backend expands into iota, reduce-window and scatter.
+EXPANDED_PRIMITIVES = frozenset({"select_and_scatter_add"})
+
+_INDEX_BYTES = 4  # s32
+
+
+@dataclasses.dataclass(frozen=True)
+class StartBuffers:
+  """Per layer, what the CPU expansion of its backward allocates when the step starts.
+
+  Attributes:
+    until_backward: bytes of the zero-filled scatter targets, live until the layer's
+      backward.
+    kernels: bytes of the reversed kernels: live from the start until the layer's
+      backward when the layer is not recomputed, during its backward when it is.
+    indices: ``(shape, bytes)`` of each iota, live until the layer's last forward
+      computation (its recompute, if the plan recomputes it); equal shapes share a buffer.
+  """
+
+  until_backward: int = 0
+  kernels: int = 0
+  indices: tuple[tuple[tuple[int, ...], int], ...] = ()
+
+
+def start_buffers(backward_jaxpr, activations: Sequence[bool]) -> StartBuffers:
+  """The buffers XLA's CPU backend adds for a layer whose forward-and-backward is
+  ``backward_jaxpr`` (a Jaxpr or ClosedJaxpr); ``activations`` flags its inputs that are
+  activations or cotangents (the rest are parameters). Sub-jaxprs are searched for
+  select-and-scatter; reversed kernels are found at the top level."""
+  jaxpr = getattr(backward_jaxpr, "jaxpr", backward_jaxpr)
+  until_backward = kernels = 0
+  indices: dict[tuple[int, ...], int] = {}
+  for eqn in _all_eqns(jaxpr):
+    if eqn.primitive.name not in EXPANDED_PRIMITIVES:
+      continue
+    operand = eqn.outvars[0].aval  # the scatter target: the pooled operand's shape
+    until_backward += _compat.aval_bytes(operand)
+    shape = tuple(int(d) for d in operand.shape)
+    indices[shape] = len(shape) * int(np.prod(shape, dtype=np.int64)) * _INDEX_BYTES
+  varying = {v for v, flag in zip(jaxpr.invars, activations) if flag}
+  for eqn in jaxpr.eqns:
+    operands = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
+    if any(v in varying for v in operands):
+      varying.update(eqn.outvars)
+    elif eqn.primitive.name == "rev" and operands:
+      kernels += _compat.aval_bytes(eqn.outvars[0].aval)
+  return StartBuffers(until_backward, kernels, tuple(indices.items()))
+
+
+def _all_eqns(jaxpr) -> Iterator:
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _all_eqns(inner)
