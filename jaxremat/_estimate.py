@@ -30,6 +30,8 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   grads = sorted((size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1])
   segments = plan.segments(n)
   start = _StartBuffers(buffers, segments) if any(s.until_backward or s.kernels for s in buffers.start) else None
+  if start is not None:
+    grads = start.free_gradients(grads)
   peak = _forward_peak(chain, buffers, segments, start, grads) if start is not None else 0
   held: list[tuple[int, int]] = []  # (bytes, hostable in gradients of layers <= this)
   for l, r in segments:
@@ -82,10 +84,10 @@ class _StartBuffers:
     for l, r in segments[:-1]:
       for i in range(l + 1, r + 1):
         recomputed[i] = True
-    # From the start to the layer's backward: zeros always, kernels of layers run once.
     self.zeros = [(s.until_backward, j) for j, s in enumerate(buffers.start, start=1)]
-    self.kernels = [(0 if recomputed[j] else s.kernels, j) for j, s in enumerate(buffers.start, start=1)]
-    self.kernels_late = [s.kernels if recomputed[j] else 0 for j, s in enumerate(buffers.start, start=1)]
+    # Kernel copies made at the start, each in its own gradient's buffer.
+    self.kernels = [(size, j) for j, s in enumerate(buffers.start, start=1) if not recomputed[j]
+                    for size in s.kernels]
     # Per iota shape: its bytes and the layers that use it, each with when it is last used.
     uses: dict[tuple[int, ...], list[tuple[int, bool]]] = {}
     size: dict[tuple[int, ...], int] = {}
@@ -96,11 +98,18 @@ class _StartBuffers:
     self.indices = [(size[shape], u) for shape, u in uses.items()]
     self.n = n
 
+  def free_gradients(self, grads: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``grads`` less the buffers that hold a kernel copy until they are written."""
+    grads = list(grads)
+    for kernel in self.kernels:
+      if kernel in grads:
+        grads.remove(kernel)
+    return grads
+
   def forward(self, k: int) -> list[tuple[int, int]]:
-    """Live while layer ``k``'s forward runs: every zeros buffer and kernel copy made at
-    the start; each iota whose last use is at layer ``k`` or later (a later forward, or
-    any recompute)."""
-    live = [(size, j - 1) for size, j in (*self.zeros, *self.kernels)]
+    """Live while layer ``k``'s forward runs: every zeros buffer; each iota whose last
+    use is at layer ``k`` or later (a later forward, or any recompute)."""
+    live = [(size, j - 1) for size, j in self.zeros]
     for size, uses in self.indices:
       if any(again or j >= k for j, again in uses):
         # hostable in gradients written after its last use: a recompute's layer, or any
@@ -109,11 +118,9 @@ class _StartBuffers:
 
   def backward(self, i: int) -> list[tuple[int, int]]:
     """Live while layer ``i``'s backward runs: zeros of layers before ``i`` (layer
-    ``i``'s own became its input cotangent), kernel copies of layers up to ``i``, and
-    iotas a recompute at or before ``i`` still needs."""
+    ``i``'s own became its input cotangent), and iotas a recompute at or before ``i``
+    still needs."""
     live = [(size, j - 1) for size, j in self.zeros if j < i]
-    live += [(size, j - 1) for size, j in self.kernels if j <= i]
-    live.append((self.kernels_late[i - 1], i - 1))
     for size, uses in self.indices:
       again = [j for j, recomputed in uses if recomputed and j <= i]
       if again:

@@ -107,7 +107,8 @@ def profile(traced: TracedChain, calibrate: bool = False) -> Profile:
     for i, layer in enumerate(layers):
       inputs = first_inputs if i == 0 else layer.inputs
       temp = _backward_temp_bytes(layer, inputs, grad_invariants, differentiate_inputs=i > 0)
-      work[i] = max(0, temp - (res[i] - own[i]))
+      modelled = start[i].total_bytes if start else 0  # walked by the estimate instead
+      work[i] = max(0, temp - (res[i] - own[i]) - modelled)
   flops = [_flops(layer, first_inputs if i == 0 else layer.inputs) for i, layer in enumerate(layers)]
   chain = Chain(
       act_bytes=act,
@@ -263,12 +264,23 @@ def _recomputable(atom, producer: dict, held: set) -> bool:
           and eqn.primitive.name not in _EXPENSIVE and all(ok(u) for u in eqn.invars))
 
 
-def _input_dependent(jaxpr) -> set:
-  """Vars of ``jaxpr`` whose values depend on its inputs (not only on literals)."""
-  varying = set(jaxpr.invars)
+def _input_dependent(jaxpr, varying_inputs=None) -> set:
+  """Vars of ``jaxpr`` whose values depend on its inputs (not only on literals and
+  constants); ``varying_inputs`` (default: all of ``jaxpr.invars``) are those that vary.
+  Calls (``jit``) are followed inside, so an output a call merely computes from its
+  constant arguments (a causal mask through ``jnp.where``) does not vary."""
+  varying = set(jaxpr.invars if varying_inputs is None else varying_inputs)
   for eqn in jaxpr.eqns:
-    if any(not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars):
+    flags = [not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars]
+    if not any(flags):
+      continue
+    inner = _compat.inner_closed_jaxpr(eqn)
+    if inner is None:
       varying.update(eqn.outvars)
+      continue
+    inner_varying = _input_dependent(inner.jaxpr, [v for v, f in zip(inner.jaxpr.invars, flags) if f])
+    varying.update(v for v, inner_out in zip(eqn.outvars, inner.jaxpr.outvars)
+                   if not isinstance(inner_out, _compat.Literal) and inner_out in inner_varying)
   return varying
 
 

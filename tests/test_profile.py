@@ -57,3 +57,17 @@ def test_relu_after_batchnorm_inside_a_layer_adds_no_residual():
     return r.chain.res_bytes[0]
 
   assert block_residuals(relu=True) == block_residuals(relu=False)
+
+
+def test_a_constant_mask_through_jnp_where_is_not_a_residual():
+  # jnp.where is a jit call; its VJP saves the mask and the zeros the transpose selects
+  # from. With a mask made from constants both are constants (XLA folds them into the
+  # backward fusion): the layer keeps nothing for the where, as without the mask.
+  x = jnp.ones((8, 64))
+
+  def masked(h):  # the mask is made inside the trace from constants, as nn.make_causal_mask does
+    return jnp.where(jnp.tril(jnp.ones(h.shape, bool)), h, -1e9)
+
+  chain = _chain(nn.Sequential([nn.Dense(64), masked, nn.Dense(16)]), x)
+  assert "_where" in chain.names[1]
+  assert chain.res_bytes[1] == 0
