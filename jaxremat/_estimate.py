@@ -58,7 +58,8 @@ def _saved(buffers: Buffers, l: int, i: int) -> list[tuple[int, int]]:
 
 def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers, grads) -> int:
   """Peak over the forward pass: at layer ``k`` the checkpoints before it, the residuals
-  of the final segment's layers up to ``k`` and the start buffers still live. No
+  of the final segment's layers up to ``k``, the output ``x_k`` and the start buffers
+  still live. No
   gradient is written yet, so every gradient buffer can host."""
   n = chain.n
   peak = 0
@@ -70,7 +71,8 @@ def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers
     for k in range(l + 1, r + 1):
       if r == n:  # only the final segment keeps residuals in the forward pass
         seg += _saved(buffers, l, k)
-      live = [b for b in (*held, *seg, *start.forward(k)) if b[0] > 0]
+      output = (chain.act_bytes[k], k)  # being written; kept only if a later layer saves it
+      live = [b for b in (*held, *seg, output, *start.forward(k)) if b[0] > 0]
       peak = max(peak, _unhosted_bytes(live, grads, written_from=n + 1))
   return peak
 

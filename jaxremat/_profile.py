@@ -305,7 +305,8 @@ def _start_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: 
   step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
   n_inputs = len(dict.fromkeys(inputs))  # args are the inputs, then the invariants
   activations = [k < n_inputs for k in range(len(args))] + [True] * len(cts)
-  return _xla_cpu.start_buffers(jax.make_jaxpr(step)(args, cts), activations)
+  batch = [k < n_inputs and not differentiate_inputs for k in range(len(args))]
+  return _xla_cpu.start_buffers(jax.make_jaxpr(step)(args, cts), activations, batch)
 
 
 def _backward_temp_bytes(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> int:

@@ -12,6 +12,10 @@ any activation, so XLA's scheduler creates them when the step starts:
   layer is not recomputed, in the backward pass when it is. Iotas of one shape are one
   buffer (XLA merges identical ``iota`` instructions).
 
+A convolution of the batch itself (the first layer's) reads it for its kernel gradient
+in another layout: XLA copies the batch when the step starts and keeps the copy until
+that layer's backward (for later layers the copy takes the place of the residual).
+
 The reversed kernel a convolution's input gradient convolves with (``rev`` of a
 parameter in the jaxpr) depends on parameters only too: it is made when the step starts
 and lives until the layer's backward, unless the layer is recomputed (then it reads the
@@ -43,8 +47,8 @@ class StartBuffers:
   """Per layer, what the CPU expansion of its backward allocates when the step starts.
 
   Attributes:
-    until_backward: bytes of the zero-filled scatter targets, live until the layer's
-      backward.
+    until_backward: bytes live until the layer's backward: the zero-filled scatter
+      targets and the relaid-out copy of a convolved batch.
     kernels: bytes of each reversed kernel: in its gradient's buffer from the start
       until the layer's backward when the layer is not recomputed.
     indices: ``(shape, bytes)`` of each iota, live until the layer's last forward
@@ -61,11 +65,12 @@ class StartBuffers:
     return self.until_backward + sum(self.kernels) + sum(b for _, b in self.indices)
 
 
-def start_buffers(backward_jaxpr, activations: Sequence[bool]) -> StartBuffers:
+def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[bool] = ()) -> StartBuffers:
   """The buffers XLA's CPU backend adds for a layer whose forward-and-backward is
   ``backward_jaxpr`` (a Jaxpr or ClosedJaxpr); ``activations`` flags its inputs that are
-  activations or cotangents (the rest are parameters). Sub-jaxprs are searched for
-  select-and-scatter; reversed kernels are found at the top level."""
+  activations or cotangents (the rest are parameters), ``batch`` those that are the
+  model's batch (an argument of the step, not temp). Sub-jaxprs are searched for
+  select-and-scatter; reversed kernels and convolutions of the batch at the top level."""
   jaxpr = getattr(backward_jaxpr, "jaxpr", backward_jaxpr)
   until_backward = 0
   kernels = []
@@ -77,6 +82,10 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool]) -> StartBuffers:
     until_backward += _compat.aval_bytes(operand)
     shape = tuple(int(d) for d in operand.shape)
     indices[shape] = len(shape) * int(np.prod(shape, dtype=np.int64)) * _INDEX_BYTES
+  batch_vars = {v for v, flag in zip(jaxpr.invars, batch) if flag}
+  copied = {eqn.invars[0] for eqn in jaxpr.eqns
+            if eqn.primitive.name == "conv_general_dilated" and eqn.invars[0] in batch_vars}
+  until_backward += sum(_compat.aval_bytes(v.aval) for v in copied)
   varying = {v for v, flag in zip(jaxpr.invars, activations) if flag}
   for eqn in jaxpr.eqns:
     operands = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]

@@ -53,6 +53,9 @@ def test_reversed_kernels_are_found_where_an_input_gradient_is_needed():
   # The first conv reads the batch, which gets no cotangent; the other two convolve
   # their cotangent with the reversed 3x3 kernel; the Dense layer reverses nothing.
   assert kernels == [(), (4 * 9 * 8 * 16,), (4 * 9 * 16 * 16,), ()]
+  # The first conv's kernel gradient reads the batch in another layout: a copy of it.
+  assert r.buffers.start[0].until_backward == x.nbytes
+  assert r.buffers.start[0].indices == ()
 
 
 def _toy(start):
@@ -68,12 +71,13 @@ def test_estimate_walks_start_buffers_through_forward_and_backward():
   forward computation. Expected peaks worked out by hand from the rules in _xla_cpu."""
   start = (StartBuffers(), StartBuffers(1000, (), (((8,), 5000),)), StartBuffers())
   chain, buffers = _toy(start)
-  # No remat: the iota dies in layer 2's forward. Forward at layer 2: 200 + Z + I = 6200.
-  assert estimate_temp_bytes(chain, buffers, Plan(())) == 6200
+  # No remat: the iota dies in layer 2's forward. Forward at layer 2: residuals of
+  # 1..2 (200) + the output x_2 being written (20) + Z + I = 6220.
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 6220
   # Layers 1-2 recomputed: the iota lives until layer 2's backward. Forward at layer 3:
-  # x_2 (20) + 100 + Z + I = 6120; backward at layer 3: that + g_3 + g_2 = 6125; at
-  # layer 2: residuals of 1..2 (200) + g_2 + g_1 + I = 5203, the zeros having become g_1.
-  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 6125
+  # x_2 (20) + 100 + x_3 (30) + Z + I = 6150; backward at layer 3: x_2 + 100 + g_3 + g_2
+  # + Z + I = 6125; at layer 2: 200 + g_2 + g_1 + I = 5203 (the zeros became g_1).
+  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 6150
   # Without start buffers the estimate is model R's backward walk.
   plain_chain, plain = _toy(())
   assert estimate_temp_bytes(plain_chain, plain, Plan(())) == 305  # 300 + g_3 + g_2
@@ -83,8 +87,8 @@ def test_iotas_of_one_shape_are_one_buffer():
   same = (StartBuffers(1000, (), (((8,), 5000),)), StartBuffers(1000, (), (((8,), 5000),)),
           StartBuffers())
   chain, buffers = _toy(same)
-  # Forward at layer 2: 200 residuals + two zeros + one shared iota.
-  assert estimate_temp_bytes(chain, buffers, Plan(())) == 7200
+  # Forward at layer 2: 200 residuals + x_2 (20) + two zeros + one shared iota.
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 7220
 
 
 @cpu_only
