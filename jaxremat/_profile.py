@@ -102,7 +102,7 @@ def profile(traced: TracedChain, calibrate: bool = False) -> Profile:
       inputs=tuple(tuple(_compat.aval_bytes(v.aval) for v in s) for s in saved_inputs),
       param_grads=tuple(param_grads),
       start=start)
-  work = [0] * n
+  work = [s.relaid_cotangents for s in start] if start else [0] * n
   if calibrate:
     for i, layer in enumerate(layers):
       inputs = first_inputs if i == 0 else layer.inputs

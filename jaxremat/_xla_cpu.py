@@ -16,6 +16,10 @@ A convolution of the batch itself (the first layer's) reads it for its kernel gr
 in another layout: XLA copies the batch when the step starts and keeps the copy until
 that layer's backward (for later layers the copy takes the place of the residual).
 
+A convolution's kernel gradient reads the output cotangent in another layout too: a
+copy the size of the convolution's output, transient during the layer's backward (its
+workspace ``w_i``, not a start buffer).
+
 The reversed kernel a convolution's input gradient convolves with (``rev`` of a
 parameter in the jaxpr) depends on parameters only too: it is made when the step starts
 and lives until the layer's backward, unless the layer is recomputed (then it reads the
@@ -53,11 +57,14 @@ class StartBuffers:
       until the layer's backward when the layer is not recomputed.
     indices: ``(shape, bytes)`` of each iota, live until the layer's last forward
       computation (its recompute, if the plan recomputes it); equal shapes share a buffer.
+    relaid_cotangents: bytes of the largest cotangent copy a kernel gradient reads (one
+      is live at a time during the layer's backward; workspace, not in ``total_bytes``).
   """
 
   until_backward: int = 0
   kernels: tuple[int, ...] = ()
   indices: tuple[tuple[tuple[int, ...], int], ...] = ()
+  relaid_cotangents: int = 0
 
   @property
   def total_bytes(self) -> int:
@@ -87,13 +94,32 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
             if eqn.primitive.name == "conv_general_dilated" and eqn.invars[0] in batch_vars}
   until_backward += sum(_compat.aval_bytes(v.aval) for v in copied)
   varying = {v for v, flag in zip(jaxpr.invars, activations) if flag}
+  params = {v for v, flag in zip(jaxpr.invars, activations) if not flag}
+  relaid = 0
   for eqn in jaxpr.eqns:
     operands = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
     if any(v in varying for v in operands):
       varying.update(eqn.outvars)
+      if _relays_cotangent(eqn, params):
+        # a forward conv of a kernel; one relaid cotangent at a time
+        relaid = max(relaid, _compat.aval_bytes(eqn.outvars[0].aval))
     elif eqn.primitive.name == "rev" and operands:
       kernels.append(_compat.aval_bytes(eqn.outvars[0].aval))
-  return StartBuffers(until_backward, tuple(kernels), tuple(indices.items()))
+  return StartBuffers(until_backward, tuple(kernels), tuple(indices.items()), relaid)
+
+
+def _relays_cotangent(eqn, params: set) -> bool:
+  """A forward convolution, or a dense layer over more than one batch axis, of a
+  parameter kernel: its kernel gradient reads the output cotangent relaid out (a dense
+  layer over one batch axis reads it as it is)."""
+  if eqn.primitive.name not in ("conv_general_dilated", "dot_general"):
+    return False
+  kernel = eqn.invars[1]
+  if isinstance(kernel, _compat.Literal) or kernel not in params:
+    return False
+  if eqn.primitive.name == "conv_general_dilated":
+    return True
+  return eqn.primitive.name == "dot_general" and len(eqn.invars[0].aval.shape) > 2
 
 
 def _all_eqns(jaxpr) -> Iterator:

@@ -58,6 +58,18 @@ def test_reversed_kernels_are_found_where_an_input_gradient_is_needed():
   assert r.buffers.start[0].indices == ()
 
 
+@cpu_only
+def test_a_conv_layer_has_its_relaid_output_cotangent_as_workspace():
+  model = _pooled_cnn()
+  x = jnp.ones((4, 16, 16, 3))
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x, layer_depth=1)
+  convs = [w for name, w in zip(r.chain.names, r.chain.workspace_bytes) if name.startswith("layers_")]
+  # Each conv's kernel gradient reads its output's cotangent relaid out: (4, 16, 16, 8),
+  # (4, 8, 8, 16), (4, 4, 4, 16) in f32; the Dense layer has none.
+  assert convs == [4 * 4 * 16 * 16 * 8, 4 * 4 * 8 * 8 * 16, 4 * 4 * 4 * 4 * 16, 0]
+
+
 def _toy(start):
   """Three layers, no parameter gradients (nothing hosts), residuals of 100 bytes each."""
   chain = Chain(act_bytes=[0, 10, 20, 30], res_bytes=[100, 100, 100], cot_bytes=[0, 1, 2, 3])
