@@ -187,9 +187,10 @@ def apply(
       until XLA's footprint fits the budget. Costs one whole-step compile per
       candidate; the figures are kept in ``Remat.verified``. Default: on with
       ``budget_bytes``, off otherwise.
-    calibrate: compile each layer's backward alone and add what XLA's temp needs beyond
-      its residuals as workspace (one small compile per layer; helps where XLA expands
-      an operation, e.g. max-pool gradients on CPU, and overestimates elsewhere).
+    calibrate: compile each layer's backward alone and take what XLA's temp needs
+      beyond its residuals (and beyond the CPU buffers the estimate models itself,
+      docs/memory-model.md) as its workspace (one small compile per layer; on the CPU
+      zoo it narrows the error on transformer blocks and widens it on ResNets).
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) run as an outer scan over segments of ``k`` iterations, each segment

@@ -39,9 +39,13 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
       held.append((chain.act_bytes[l], l))
     seg: list[tuple[int, int]] = []
     for i in range(l + 1, r + 1):
+      elementwise = bool(buffers.elementwise) and buffers.elementwise[i - 1]
       seg += _saved(buffers, l, i)
-      transient = [(chain.cot_bytes[i], i - 1), (chain.cot_bytes[i - 1], i - 1),
-                   (chain.workspace_bytes[i - 1], i - 1)]
+      if elementwise:  # g_{i-1} written over g_i
+        cotangents = [(max(chain.cot_bytes[i], chain.cot_bytes[i - 1]), i - 1)]
+      else:
+        cotangents = [(chain.cot_bytes[i], i - 1), (chain.cot_bytes[i - 1], i - 1)]
+      transient = [*cotangents, (chain.workspace_bytes[i - 1], i - 1)]
       extra = start.backward(i) if start is not None else []
       live = [b for b in (*held, *seg, *transient, *extra) if b[0] > 0]
       peak = max(peak, _unhosted_bytes(live, grads, written_from=i))

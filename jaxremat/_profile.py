@@ -35,12 +35,15 @@ class Buffers:
       parameter read by several layers counts for the first).
     start: what XLA's CPU backend allocates for the layer's backward when the step
       starts (``_xla_cpu``; empty on other backends).
+    elementwise: per layer, whether its every operation is elementwise and fusible (a
+      ReLU): XLA then writes its input cotangent over its output cotangent (one buffer).
   """
 
   residuals: tuple[tuple[int, ...], ...]
   inputs: tuple[tuple[int, ...], ...]
   param_grads: tuple[tuple[int, ...], ...]
   start: tuple[_xla_cpu.StartBuffers, ...] = ()
+  elementwise: tuple[bool, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +104,8 @@ def profile(traced: TracedChain, calibrate: bool = False) -> Profile:
       residuals=tuple(r.computed for r in residuals),
       inputs=tuple(tuple(_compat.aval_bytes(v.aval) for v in s) for s in saved_inputs),
       param_grads=tuple(param_grads),
-      start=start)
+      start=start,
+      elementwise=tuple(_elementwise(layer) for layer in layers))
   work = [s.relaid_cotangents for s in start] if start else [0] * n
   if calibrate:
     for i, layer in enumerate(layers):
@@ -238,6 +242,20 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
   kept_atoms = [k for atom in res_atoms for k in kept(atom, uses.get(atom, 0) == 0)]
   held = set(res_atoms) | set(jaxpr.invars) | set(jaxpr.constvars)
   return [k for k in kept_atoms if k in held or not _recomputable(k, producer, held)]
+
+
+def _elementwise(layer: Layer) -> bool:
+  """True when every equation of the layer (inside calls too) is elementwise and fusible."""
+  def leaves(eqns):
+    for eqn in eqns:
+      inner = _compat.inner_closed_jaxpr(eqn) or eqn.params.get("call_jaxpr")  # custom_jvp too
+      yield from leaves(getattr(inner, "jaxpr", inner).eqns) if inner is not None else (eqn,)
+  names = [eqn.primitive.name for eqn in leaves(layer.eqns)]
+  return bool(names) and all(name in _ELEMENTWISE for name in names)
+
+
+#: Elementwise primitives among ``_FUSIBLE`` (no broadcast or reshape).
+_ELEMENTWISE = _FUSIBLE - {"broadcast_in_dim", "expand_dims", "reshape", "squeeze"}
 
 
 #: Fusible primitives too costly for XLA to recompute in a second fusion.

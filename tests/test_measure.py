@@ -17,9 +17,8 @@ def _loss(fn):
 def cnn():
   """An activation-dominated conv stack (few parameters, large feature maps).
 
-  Strided convs, no max-pooling: on CPU XLA expands max-pool gradients into index
-  arrays the memory model does not know (docs/memory-model.md), and there the optimal
-  plan can measure above sqrt(n).
+  Strided convs, no max-pooling (on CPU XLA expands max-pool gradients into index
+  arrays; tests/test_xla_cpu.py covers those).
   """
   model = zoo.all_conv()
   x = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
@@ -67,8 +66,8 @@ def test_prediction_tracks_xla_on_an_mlp():
 
   Without remat it is known to under-predict (it lets XLA host more residuals in
   gradient buffers than XLA manages at once); the second assertion pins that known
-  deviation so that a change in either direction is noticed. Convolution and pooling
-  layers are further off; docs/memory-model.md has the tables.
+  deviation so that a change in either direction is noticed. Pooling and convolution
+  layers on CPU: tests/test_xla_cpu.py; docs/memory-model.md has the tables.
   """
   model = zoo.mlp([512, 1024, 256, 2048, 128, 512, 10])
   x = jax.random.normal(jax.random.key(1), (256, 300))

@@ -71,3 +71,24 @@ def test_a_constant_mask_through_jnp_where_is_not_a_residual():
   chain = _chain(nn.Sequential([nn.Dense(64), masked, nn.Dense(16)]), x)
   assert "_where" in chain.names[1]
   assert chain.res_bytes[1] == 0
+
+
+def test_an_elementwise_layer_writes_its_input_cotangent_over_its_output_cotangent():
+  from jaxremat._chain import Chain, Plan
+  from jaxremat._estimate import estimate_temp_bytes
+  from jaxremat._profile import Buffers
+
+  x = jnp.ones((8, 64))
+  model = nn.Sequential([nn.Dense(32), nn.relu, nn.Dense(16)])
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x)
+  assert r.buffers.elementwise == (False, True, False)
+  # Layer 2 (elementwise) at its backward: residual 100 + max(g_2, g_1) = 140, where two
+  # separate cotangents would be 100 + 40 + 30 = 170; layer 3's backward is
+  # 100 + g_3 + g_2 = 141. No gradient buffers host.
+  chain = Chain(act_bytes=[0, 30, 40, 1], res_bytes=[0, 100, 0], cot_bytes=[0, 30, 40, 1])
+  buffers = Buffers(residuals=((), (100,), ()), inputs=((), (), ()), param_grads=((), (), ()))
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 170
+  elementwise = Buffers(residuals=((), (100,), ()), inputs=((), (), ()), param_grads=((), (), ()),
+                        elementwise=(False, True, False))
+  assert estimate_temp_bytes(chain, elementwise, Plan(())) == 141

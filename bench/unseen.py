@@ -1,0 +1,169 @@
+"""Flax models this project has never seen: apply's plan against every uniform plan.
+
+    PYTHONPATH=. python bench/unseen.py [--out bench/results/unseen-cpu-DATE.json]
+
+For each model (defined here, not in the zoo): ``jaxremat.apply`` with its defaults,
+XLA's footprint of its gradient step against the prediction, the footprint of every
+checkpoint-every-k plan (k = 1..n) and of ``apply(verify=True)``'s plan, and the
+largest relative gradient difference from the plain model. Writes JSON and a markdown table next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import platform
+import sys
+import time
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+import jaxremat
+from jaxremat.solvers import uniform_plan
+
+
+class _ResConv(nn.Module):
+  """GroupNorm, conv, swish, conv, plus the input."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.swish(nn.Conv(self.features, (3, 3))(nn.GroupNorm(num_groups=8)(x)))
+    return x + nn.Conv(self.features, (3, 3))(y)
+
+
+class _MixerBlock(nn.Module):
+  """LayerNorm, an MLP over channels, plus the input."""
+
+  hidden: int
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.Dense(self.hidden)(nn.LayerNorm()(x))
+    return x + nn.Dense(x.shape[-1])(nn.gelu(y))
+
+
+def _flatten(x):
+  return x.reshape(x.shape[0], -1)
+
+
+def models() -> dict:
+  """name -> (model, batch)."""
+  key = jax.random.key(3)
+  conv = nn.Sequential([
+      nn.Conv(24, (5, 5)), nn.gelu, nn.Conv(48, (3, 3), strides=2), nn.relu,
+      functools.partial(nn.avg_pool, window_shape=(2, 2), strides=(2, 2)),
+      nn.Conv(96, (3, 3)), nn.relu,
+      functools.partial(nn.max_pool, window_shape=(3, 3), strides=(2, 2), padding="SAME"),
+      nn.Conv(96, (3, 3)), nn.relu, _flatten, nn.Dense(10)])
+  mlp = nn.Sequential([nn.Dense(700), nn.tanh, nn.Dense(300), nn.relu, nn.Dense(1500), nn.tanh,
+                       nn.Dense(90), nn.relu, nn.Dense(800), nn.relu, nn.Dense(40), nn.relu,
+                       nn.Dense(10)])
+  res_conv = nn.Sequential([nn.Conv(32, (3, 3)), *[_ResConv(32) for _ in range(6)],
+                            lambda x: x.mean(axis=(1, 2)), nn.Dense(10)])
+  mixer = nn.Sequential([nn.Dense(96), *[_MixerBlock(384) for _ in range(8)],
+                         lambda x: x.mean(axis=1), nn.Dense(10)])
+  return {
+      "conv-stack (5x5/3x3, avg+max pool)": (conv, jax.random.normal(key, (16, 40, 40, 3))),
+      "mlp (700-300-1500-90-800-40-10)": (mlp, jax.random.normal(key, (384, 200))),
+      "residual conv blocks (GroupNorm)": (res_conv, jax.random.normal(key, (8, 24, 24, 3))),
+      "residual mixer blocks (LayerNorm)": (mixer, jax.random.normal(key, (16, 64, 48))),
+  }
+
+
+def _loss(fn):
+  return lambda p, x: jnp.mean(jnp.square(fn(p, x)))
+
+
+def _max_rel_diff(a, b) -> float:
+  diffs = [float(jnp.max(jnp.abs(u - v)) / (jnp.max(jnp.abs(v)) + 1e-30))
+           for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]
+  return max(diffs)
+
+
+def run_model(name: str, model: nn.Module, x: jax.Array) -> dict:
+  params = model.init(jax.random.key(0), x)
+  start = time.perf_counter()
+  r = jaxremat.apply(model.apply, params, x)
+  apply_seconds = time.perf_counter() - start
+  measured = jaxremat.measure(_loss(r.fn), params, x).total_bytes
+  none = jaxremat.measure(_loss(model.apply), params, x).total_bytes
+  uniform = {}
+  for k in range(1, r.chain.n + 1):
+    plan = uniform_plan(r.chain.n, k)
+    fn = jaxremat.apply(model.apply, params, x, plan=plan).fn
+    uniform[k] = jaxremat.measure(_loss(fn), params, x).total_bytes
+  best_k = min(uniform, key=uniform.get)
+  start = time.perf_counter()
+  verified = jaxremat.apply(model.apply, params, x, verify=True)
+  verify_seconds = time.perf_counter() - start
+  verified_bytes = jaxremat.measure(_loss(verified.fn), params, x).total_bytes
+  grads = jax.jit(jax.grad(_loss(r.fn)))(params, x)
+  plain = jax.jit(jax.grad(_loss(model.apply)))(params, x)
+  return {
+      "model": name, "layers": r.chain.n, "plan": list(r.plan.checkpoints),
+      "apply_seconds": apply_seconds,
+      "none_bytes": none, "apply_bytes": measured, "predicted_bytes": r.predicted_total_bytes,
+      "prediction_error": r.predicted_total_bytes / measured - 1,
+      "best_uniform_k": best_k, "best_uniform_bytes": uniform[best_k],
+      "apply_vs_best_uniform": measured / uniform[best_k] - 1,
+      "verify_bytes": verified_bytes, "verify_seconds": verify_seconds,
+      "verify_vs_best_uniform": verified_bytes / uniform[best_k] - 1,
+      "uniform_bytes": uniform, "grad_max_rel_diff": _max_rel_diff(grads, plain),
+  }
+
+
+def markdown(rows: list[dict], header: str) -> str:
+  mib = 2**20
+  lines = [header, "",
+           "| model | layers | no remat MiB | apply MiB | predicted MiB | prediction error "
+           "| best uniform MiB (k) | apply vs best uniform | `verify=True` vs best uniform "
+           "| grad max rel diff |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(
+        f"| {r['model']} | {r['layers']} | {r['none_bytes'] / mib:.2f} | {r['apply_bytes'] / mib:.2f} "
+        f"| {r['predicted_bytes'] / mib:.2f} | {100 * r['prediction_error']:+.1f}% "
+        f"| {r['best_uniform_bytes'] / mib:.2f} ({r['best_uniform_k']}) "
+        f"| {100 * r['apply_vs_best_uniform']:+.1f}% "
+        f"| {100 * r['verify_vs_best_uniform']:+.1f}% ({r['verify_seconds']:.0f} s) "
+        f"| {r['grad_max_rel_diff']:.1e} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=None, help="JSON path (markdown written beside it)")
+  args = parser.parse_args(argv)
+  start = time.time()
+  rows = []
+  for name, (model, x) in models().items():
+    rows.append(run_model(name, model, x))
+    r = rows[-1]
+    print(f"{name}: apply {r['apply_bytes'] / 2**20:.2f} MiB, predicted {r['predicted_bytes'] / 2**20:.2f} "
+          f"({100 * r['prediction_error']:+.1f}%), best uniform {r['best_uniform_bytes'] / 2**20:.2f} "
+          f"(k={r['best_uniform_k']}, apply {100 * r['apply_vs_best_uniform']:+.1f}%)", flush=True)
+  meta = {
+      "command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
+      "device": f"{jax.default_backend()} ({platform.machine()})", "jax": jax.__version__,
+      "flax": flax.__version__, "seconds": round(time.time() - start, 1),
+  }
+  header = (f"Command: `{meta['command']}` ({meta['device']}, jax {meta['jax']}, flax {meta['flax']}, "
+            f"{meta['date']}, {meta['seconds']} s)")
+  table = markdown(rows, header)
+  print(table)
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(args.out.removesuffix(".json") + ".md", "w") as f:
+      f.write(table)
+
+
+if __name__ == "__main__":
+  main()
