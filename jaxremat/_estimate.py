@@ -21,16 +21,17 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   largest first, each in the smallest gradient buffer that fits. The batch ``x_0`` is
   an argument, not temp.
 
-  Buffers XLA's CPU backend allocates when the step starts (``buffers.start``, see
-  ``_xla_cpu``) are added where they are live, and then the forward pass is walked too:
-  at layer ``k`` the checkpoints before it, the residuals of the final segment's layers
-  up to ``k`` and the start buffers still live.
+  An elementwise layer (``buffers.elementwise``) writes ``g_{i-1}`` over ``g_i``: its
+  step counts the larger of the two. Buffers XLA's CPU backend allocates when the step
+  starts (``buffers.start``, see ``_xla_cpu``) are added where they are live, and then
+  the forward pass is walked too (``_forward_peak``).
   """
   n = chain.n
   grads = sorted((size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1])
   segments = plan.segments(n)
-  start = _StartBuffers(buffers, segments) if any(s.until_backward or s.kernels for s in buffers.start) else None
-  if start is not None:
+  start = None
+  if any(s.until_backward or s.kernels for s in buffers.start):
+    start = _StartBuffers(buffers, segments)
     grads = start.free_gradients(grads)
   peak = _forward_peak(chain, buffers, segments, start, grads) if start is not None else 0
   held: list[tuple[int, int]] = []  # (bytes, hostable in gradients of layers <= this)
@@ -63,8 +64,7 @@ def _saved(buffers: Buffers, l: int, i: int) -> list[tuple[int, int]]:
 def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers, grads) -> int:
   """Peak over the forward pass: at layer ``k`` the checkpoints before it, the residuals
   of the final segment's layers up to ``k``, the output ``x_k`` and the start buffers
-  still live. No
-  gradient is written yet, so every gradient buffer can host."""
+  still live. No gradient is written yet, so every gradient buffer can host."""
   n = chain.n
   peak = 0
   held: list[tuple[int, int]] = []
@@ -90,7 +90,7 @@ class _StartBuffers:
     for l, r in segments[:-1]:
       for i in range(l + 1, r + 1):
         recomputed[i] = True
-    self.zeros = [(s.until_backward, j) for j, s in enumerate(buffers.start, start=1)]
+    self.until_backward = [(s.until_backward, j) for j, s in enumerate(buffers.start, start=1)]
     # Kernel copies made at the start, each in its own gradient's buffer.
     self.kernels = [(size, j) for j, s in enumerate(buffers.start, start=1) if not recomputed[j]
                     for size in s.kernels]
@@ -113,9 +113,9 @@ class _StartBuffers:
     return grads
 
   def forward(self, k: int) -> list[tuple[int, int]]:
-    """Live while layer ``k``'s forward runs: every zeros buffer; each iota whose last
-    use is at layer ``k`` or later (a later forward, or any recompute)."""
-    live = [(size, j - 1) for size, j in self.zeros]
+    """Live while layer ``k``'s forward runs: every buffer kept until a backward; each
+    iota whose last use is at layer ``k`` or later (a later forward, or any recompute)."""
+    live = [(size, j - 1) for size, j in self.until_backward]
     for size, uses in self.indices:
       if any(again or j >= k for j, again in uses):
         # hostable in gradients written after its last use: a recompute's layer, or any
@@ -123,10 +123,10 @@ class _StartBuffers:
     return live
 
   def backward(self, i: int) -> list[tuple[int, int]]:
-    """Live while layer ``i``'s backward runs: zeros of layers before ``i`` (layer
-    ``i``'s own became its input cotangent), and iotas a recompute at or before ``i``
-    still needs."""
-    live = [(size, j - 1) for size, j in self.zeros if j < i]
+    """Live while layer ``i``'s backward runs: buffers kept until the backward of a layer
+    before ``i`` (layer ``i``'s zeros became its input cotangent), and iotas a recompute
+    at or before ``i`` still needs."""
+    live = [(size, j - 1) for size, j in self.until_backward if j < i]
     for size, uses in self.indices:
       again = [j for j, recomputed in uses if recomputed and j <= i]
       if again:

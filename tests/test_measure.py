@@ -62,12 +62,9 @@ def test_remat_is_undone_when_the_barriers_are_expanded(cnn):
 
 
 def test_prediction_tracks_xla_on_an_mlp():
-  """On dense layers the estimate is within 10% of XLA's footprint for remat plans.
-
-  Without remat it is known to under-predict (it lets XLA host more residuals in
-  gradient buffers than XLA manages at once); the second assertion pins that known
-  deviation so that a change in either direction is noticed. Pooling and convolution
-  layers on CPU: tests/test_xla_cpu.py; docs/memory-model.md has the tables.
+  """On dense layers the estimate is within 5% of XLA's footprint for every plan (within
+  2% when recorded in docs/memory-model.md; the bound leaves room for XLA versions).
+  Pooling and convolution layers on CPU: tests/test_xla_cpu.py.
   """
   model = zoo.mlp([512, 1024, 256, 2048, 128, 512, 10])
   x = jax.random.normal(jax.random.key(1), (256, 300))
@@ -77,9 +74,8 @@ def test_prediction_tracks_xla_on_an_mlp():
     r = jaxremat.apply(model.apply, params, x, method=method)
     measured = jaxremat.measure(_loss(r.fn), params, x).total_bytes
     errors[method] = (r.predicted_total_bytes - measured) / measured
-  for method in ("every-layer", "sqrt", "best-uniform", "optimal"):
-    assert abs(errors[method]) <= 0.10, errors
-  assert -0.20 < errors["none"] < 0.0, errors
+  for method in ("none", "every-layer", "sqrt", "best-uniform", "optimal"):
+    assert abs(errors[method]) <= 0.05, errors
 
 
 def _model_r_total(r):
