@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -33,6 +33,38 @@ def inner_closed_jaxpr(eqn: JaxprEqn) -> jex_core.ClosedJaxpr | None:
   if isinstance(inner, jex_core.Jaxpr):
     return jex_core.ClosedJaxpr(inner, ())
   return None
+
+
+def all_eqns(eqns: Iterable[JaxprEqn]) -> Iterator[JaxprEqn]:
+  """Every equation of ``eqns`` and, recursively, of the sub-jaxprs in their params
+  (jit bodies, custom_jvp functions, scan and cond bodies), each container first."""
+  for eqn in eqns:
+    yield eqn
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from all_eqns(inner.eqns)
+
+
+def input_dependent(jaxpr: jex_core.Jaxpr, varying_inputs: Iterable[Var] | None = None) -> set:
+  """Vars of ``jaxpr`` whose values depend on its inputs (not only on literals and
+  constants); ``varying_inputs`` (default: all of ``jaxpr.invars``) are those that vary.
+  Calls (``jit``) are followed inside, so an output a call merely computes from its
+  constant arguments (a causal mask through ``jnp.where``) does not vary."""
+  varying = set(jaxpr.invars if varying_inputs is None else varying_inputs)
+  for eqn in jaxpr.eqns:
+    flags = [not isinstance(v, Literal) and v in varying for v in eqn.invars]
+    if not any(flags):
+      continue
+    inner = inner_closed_jaxpr(eqn)
+    if inner is None:
+      varying.update(eqn.outvars)
+      continue
+    inner_varying = input_dependent(inner.jaxpr, [v for v, f in zip(inner.jaxpr.invars, flags) if f])
+    varying.update(v for v, inner_out in zip(eqn.outvars, inner.jaxpr.outvars)
+                   if not isinstance(inner_out, Literal) and inner_out in inner_varying)
+  return varying
 
 
 def effects_of(eqns: Sequence[JaxprEqn]) -> frozenset:

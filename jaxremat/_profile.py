@@ -178,7 +178,7 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
   out_atoms, res_atoms = jaxpr.outvars[:n_out], jaxpr.outvars[n_out:]
   position = {v: k for k, v in enumerate(jaxpr.invars)}
   constvars = set(jaxpr.constvars)
-  varying = _input_dependent(jaxpr)
+  varying = _compat.input_dependent(jaxpr)
   input_set = set(inputs)
   total = own_input = 0
   own_inputs, own_outputs = set(), set()
@@ -246,12 +246,13 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
 
 def _elementwise(layer: Layer) -> bool:
   """True when every equation of the layer (inside calls too) is elementwise and fusible."""
-  def leaves(eqns):
-    for eqn in eqns:
-      inner = _compat.inner_closed_jaxpr(eqn) or eqn.params.get("call_jaxpr")  # custom_jvp too
-      yield from leaves(getattr(inner, "jaxpr", inner).eqns) if inner is not None else (eqn,)
-  names = [eqn.primitive.name for eqn in leaves(layer.eqns)]
+  names = [eqn.primitive.name for eqn in _compat.all_eqns(layer.eqns)
+           if eqn.primitive.name not in _TRANSPARENT]
   return bool(names) and all(name in _ELEMENTWISE for name in names)
+
+
+#: Equations that only wrap a sub-program, judged by the equations inside.
+_TRANSPARENT = _compat.CALL_PRIMITIVES | {"custom_jvp_call"}
 
 
 #: Elementwise primitives among ``_FUSIBLE`` (no broadcast or reshape).
@@ -280,26 +281,6 @@ def _recomputable(atom, producer: dict, held: set) -> bool:
   eqn = producer.get(atom)
   return (eqn is not None and eqn.primitive.name in _FUSIBLE
           and eqn.primitive.name not in _EXPENSIVE and all(ok(u) for u in eqn.invars))
-
-
-def _input_dependent(jaxpr, varying_inputs=None) -> set:
-  """Vars of ``jaxpr`` whose values depend on its inputs (not only on literals and
-  constants); ``varying_inputs`` (default: all of ``jaxpr.invars``) are those that vary.
-  Calls (``jit``) are followed inside, so an output a call merely computes from its
-  constant arguments (a causal mask through ``jnp.where``) does not vary."""
-  varying = set(jaxpr.invars if varying_inputs is None else varying_inputs)
-  for eqn in jaxpr.eqns:
-    flags = [not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars]
-    if not any(flags):
-      continue
-    inner = _compat.inner_closed_jaxpr(eqn)
-    if inner is None:
-      varying.update(eqn.outvars)
-      continue
-    inner_varying = _input_dependent(inner.jaxpr, [v for v, f in zip(inner.jaxpr.invars, flags) if f])
-    varying.update(v for v, inner_out in zip(eqn.outvars, inner.jaxpr.outvars)
-                   if not isinstance(inner_out, _compat.Literal) and inner_out in inner_varying)
-  return varying
 
 
 def _forward_and_backward(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):

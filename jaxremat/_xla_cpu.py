@@ -34,7 +34,7 @@ Measured on jax 0.10.2 (CPU): a VGG-11 with batch 16 at 32x32 holds 7.6 MiB of i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -82,7 +82,7 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   until_backward = 0
   kernels = []
   indices: dict[tuple[int, ...], int] = {}
-  for eqn in _all_eqns(jaxpr):
+  for eqn in _compat.all_eqns(jaxpr.eqns):
     if eqn.primitive.name not in EXPANDED_PRIMITIVES:
       continue
     operand = eqn.outvars[0].aval  # the scatter target: the pooled operand's shape
@@ -93,13 +93,12 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   copied = {eqn.invars[0] for eqn in jaxpr.eqns
             if eqn.primitive.name == "conv_general_dilated" and eqn.invars[0] in batch_vars}
   until_backward += sum(_compat.aval_bytes(v.aval) for v in copied)
-  varying = {v for v, flag in zip(jaxpr.invars, activations) if flag}
+  varying = _compat.input_dependent(jaxpr, [v for v, flag in zip(jaxpr.invars, activations) if flag])
   params = {v for v, flag in zip(jaxpr.invars, activations) if not flag}
   relaid = 0
   for eqn in jaxpr.eqns:
     operands = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
     if any(v in varying for v in operands):
-      varying.update(eqn.outvars)
       if _relays_cotangent(eqn, params):
         # a forward conv of a kernel; one relaid cotangent at a time
         relaid = max(relaid, _compat.aval_bytes(eqn.outvars[0].aval))
@@ -120,13 +119,3 @@ def _relays_cotangent(eqn, params: set) -> bool:
   if eqn.primitive.name == "conv_general_dilated":
     return True
   return eqn.primitive.name == "dot_general" and len(eqn.invars[0].aval.shape) > 2
-
-
-def _all_eqns(jaxpr) -> Iterator:
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from _all_eqns(inner)
