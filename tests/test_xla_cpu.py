@@ -28,12 +28,18 @@ def _pooled_cnn():
   return nn.Sequential([*layers, lambda x: x.reshape(x.shape[0], -1), nn.Dense(10)])
 
 
-@cpu_only
-def test_a_pool_layer_holds_zeros_and_one_iota_per_dimension():
+@pytest.fixture(scope="module")
+def pooled_cnn():
+  """``_pooled_cnn`` on a batch of 4 16x16 images, applied: ``(Remat, batch)``."""
   model = _pooled_cnn()
   x = jnp.ones((4, 16, 16, 3))
   params = model.init(jax.random.key(0), x)
-  r = jaxremat.apply(model.apply, params, x, layer_depth=1)
+  return jaxremat.apply(model.apply, params, x, layer_depth=1), x
+
+
+@cpu_only
+def test_a_pool_layer_holds_zeros_and_one_iota_per_dimension(pooled_cnn):
+  r, _ = pooled_cnn
   by_name = dict(zip(r.chain.names, r.buffers.start))
   pooled = [s for name, s in by_name.items() if "reduce_window_max" in name]
   assert len(pooled) == 3
@@ -44,11 +50,8 @@ def test_a_pool_layer_holds_zeros_and_one_iota_per_dimension():
 
 
 @cpu_only
-def test_reversed_kernels_are_found_where_an_input_gradient_is_needed():
-  model = _pooled_cnn()
-  x = jnp.ones((4, 16, 16, 3))
-  params = model.init(jax.random.key(0), x)
-  r = jaxremat.apply(model.apply, params, x, layer_depth=1)
+def test_reversed_kernels_are_found_where_an_input_gradient_is_needed(pooled_cnn):
+  r, x = pooled_cnn
   kernels = [s.kernels for name, s in zip(r.chain.names, r.buffers.start) if name.startswith("layers_")]
   # The first conv reads the batch, which gets no cotangent; the other two convolve
   # their cotangent with the reversed 3x3 kernel; the Dense layer reverses nothing.
@@ -59,11 +62,8 @@ def test_reversed_kernels_are_found_where_an_input_gradient_is_needed():
 
 
 @cpu_only
-def test_a_conv_layer_has_its_relaid_output_cotangent_as_workspace():
-  model = _pooled_cnn()
-  x = jnp.ones((4, 16, 16, 3))
-  params = model.init(jax.random.key(0), x)
-  r = jaxremat.apply(model.apply, params, x, layer_depth=1)
+def test_a_conv_layer_has_its_relaid_output_cotangent_as_workspace(pooled_cnn):
+  r, _ = pooled_cnn
   convs = [w for name, w in zip(r.chain.names, r.chain.workspace_bytes) if name.startswith("layers_")]
   # Each conv's kernel gradient reads its output's cotangent relaid out: (4, 16, 16, 8),
   # (4, 8, 8, 16), (4, 4, 4, 16) in f32; the Dense layer has none.
