@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import jax
 
-from jaxremat import _compat, _xla_cpu
+from jaxremat import _compat, _xla_cpu, _xla_gpu
 from jaxremat._chain import Chain
 from jaxremat._measure import default_compiler_options
 from jaxremat._trace import Layer, TracedChain
@@ -52,14 +52,19 @@ class Profile:
   buffers: Buffers
 
 
-def profile(traced: TracedChain, calibrate: bool = False) -> Profile:
+def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = None) -> Profile:
   """Measures the chain of ``traced`` (bytes are dtype-aware; FLOPs from XLA's cost model).
+
+  ``backend`` (default: JAX's default backend) picks what XLA is modelled to keep and
+  add: ``"cpu"`` its CPU expansions (``_xla_cpu``), ``"gpu"`` its GPU fusion
+  (``_xla_gpu``).
 
   With ``calibrate``, each layer's forward and backward is also compiled alone; what
   XLA's temp needs beyond the layer's residuals becomes its workspace ``w_i``. (A temp
   below the residuals does not lower ``b_i``: alone, a layer can recompute cheap
   residuals from its input, which in the whole program is not held.)
   """
+  backend = backend or jax.default_backend()
   layers = traced.layers
   n = len(layers)
   param_vars = set(traced.param_vars)
@@ -76,7 +81,7 @@ def profile(traced: TracedChain, calibrate: bool = False) -> Profile:
   residuals = []
   for i, layer in enumerate(layers):
     inputs = first_inputs if i == 0 else layer.inputs
-    residuals.append(_residuals(layer, inputs, grad_invariants, differentiate_inputs=i > 0))
+    residuals.append(_residuals(layer, inputs, grad_invariants, differentiate_inputs=i > 0, backend=backend))
   res = [r.total for r in residuals]
   own = [r.own_input for r in residuals]
   saved_inputs = [set(r.own_input_vars) for r in residuals]
@@ -94,19 +99,25 @@ def profile(traced: TracedChain, calibrate: bool = False) -> Profile:
     mine = [v for v in layer.invariants if v in param_vars and v not in seen_params and _compat.is_float(v.aval)]
     seen_params.update(mine)
     param_grads.append(tuple(_compat.aval_bytes(v.aval) for v in mine))
-  start = ()
-  if jax.default_backend() == "cpu":
+  start: tuple = ()
+  work = [0] * n
+  if backend == "cpu":
     start = tuple(
         _start_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants,
                        differentiate_inputs=i > 0)
         for i, layer in enumerate(layers))
+    work = [s.relaid_cotangents for s in start]
+  elif backend == "gpu":
+    gpu = [_gpu_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants, i > 0)
+           for i, layer in enumerate(layers)]
+    work = [workspace + indices for workspace, _, indices in gpu]
+    start = tuple(_xla_cpu.StartBuffers(until_backward=zeros) for _, zeros, _ in gpu)
   buffers = Buffers(
       residuals=tuple(r.computed for r in residuals),
       inputs=tuple(tuple(_compat.aval_bytes(v.aval) for v in s) for s in saved_inputs),
       param_grads=tuple(param_grads),
       start=start,
       elementwise=tuple(_elementwise(layer) for layer in layers))
-  work = [s.relaid_cotangents for s in start] if start else [0] * n
   if calibrate:
     for i, layer in enumerate(layers):
       inputs = first_inputs if i == 0 else layer.inputs
@@ -160,12 +171,14 @@ def _differentiable(layer: Layer, inputs, grad_invariants, differentiate_inputs:
 
 
 def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool,
-               fused: bool = True) -> LayerResiduals:
-  """What the layer's VJP saves; with ``fused``, as XLA keeps it (``_as_kept_by_xla``).
+               fused: bool = True, backend: str | None = None) -> LayerResiduals:
+  """What the layer's VJP saves; with ``fused``, as XLA keeps it (``_as_kept_by_xla``,
+  on GPU ``_xla_gpu.kept_values``).
 
   Pass ``fused=False`` for a scan body: its residuals are written to stacked loop
   outputs, which XLA cannot fuse into the backward loop.
   """
+  keep = _xla_gpu.kept_values if (backend or jax.default_backend()) == "gpu" else _as_kept_by_xla
   vjp, in_vars, out_vars = _differentiable(layer, inputs, grad_invariants, differentiate_inputs)
 
   def outputs_and_residuals(*args):
@@ -184,7 +197,7 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
   own_inputs, own_outputs = set(), set()
   computed = []
   seen = set()
-  for atom in (_as_kept_by_xla(jaxpr, res_atoms, out_atoms) if fused else res_atoms):
+  for atom in (keep(jaxpr, res_atoms, out_atoms) if fused else res_atoms):
     if isinstance(atom, _compat.Literal) or atom in seen or atom in constvars or atom not in varying:
       continue  # constants (e.g. the zeros relu's VJP selects from) fuse away in XLA
     seen.add(atom)
@@ -306,6 +319,16 @@ def _start_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: 
   activations = [k < n_inputs for k in range(len(args))] + [True] * len(cts)
   batch = [k < n_inputs and not differentiate_inputs for k in range(len(args))]
   return _xla_cpu.start_buffers(jax.make_jaxpr(step)(args, cts), activations, batch)
+
+
+def _gpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> tuple[int, int, int]:
+  """What XLA's GPU backend adds to the layer's backward (bytes): the largest written
+  intermediate (workspace), its max-pools' zero-filled targets and argmax indices."""
+  step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
+  closed = jax.make_jaxpr(step)(args, cts)
+  n_cts = len(jax.tree_util.tree_leaves(cts))
+  workspace = _xla_gpu.backward_workspace_bytes(closed, closed.jaxpr.invars[len(closed.jaxpr.invars) - n_cts:])
+  return (workspace, *_xla_gpu.pool_buffers(closed))
 
 
 def _backward_temp_bytes(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> int:

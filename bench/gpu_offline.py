@@ -1,0 +1,88 @@
+"""GPU predictions against recorded GPU measurements, computed on any machine.
+
+    PYTHONPATH=. python bench/gpu_offline.py bench/results/gpu-h100-2026-11-23/compile-only.json [--out F.md]
+
+For each model of a ``gpu_validate.py --compile-only`` result, traces the model here and
+profiles it as XLA's GPU backend keeps it (``profile(backend="gpu")``), predicts the
+footprint of each recorded plan and compares it with the XLA-compiled footprint the GPU
+run recorded for that plan. Tracing needs no GPU; the figures compared against are the
+GPU's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp  # noqa: F401  (used by eval of the builders)
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jaxremat  # noqa: E402
+from jaxremat import _api, _profile, zoo  # noqa: E402,F401  (zoo: used by eval of the builders)
+from jaxremat._chain import Plan  # noqa: E402
+from gpu_validate import model_input, models  # noqa: E402
+
+
+#: Models of earlier GPU runs (bench/results/gpu-h100-2026-11-22-run1) at other batch sizes.
+EARLIER = {
+    "vgg16-b128-32px": ("zoo.vgg('vgg16')", (128, 32, 32, 3), "float32", {}),
+    "resnet18-b256-32px": ("zoo.resnet((2, 2, 2, 2))", (256, 32, 32, 3), "float32", {}),
+}
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("results", help="a gpu_validation.json (compiled footprints of recorded plans)")
+  parser.add_argument("--out", help="also write the table here (markdown)")
+  parser.add_argument("--models", help="comma-separated subset")
+  parser.add_argument("--backend", default="gpu",
+                      help="the backend to profile for (default gpu; another name, e.g. tpu, "
+                           "profiles without the GPU rules, as jaxremat did on GPU before them)")
+  args = parser.parse_args()
+  recorded = json.load(open(args.results))
+  _api.profile = functools.partial(_profile.profile, backend=args.backend)
+  specs = {**models(quick=False), **EARLIER}
+  lines = ["| model | strategy | predicted MiB (GPU model) | XLA compiled MiB (GPU) | error |", "|---|---|---|---|---|"]
+  errors = []
+  chosen = []  # the plan apply picks under this profile, not compiled here
+  plans = ["| model | plan apply picks with this profile (not yet compiled on a GPU) | predicted MiB |",
+           "|---|---|---|"]
+  for name in dict.fromkeys(row["model"] for row in recorded["results"]):
+    if name not in specs or (args.models and name not in args.models.split(",")):
+      continue
+    builder, shape, dtype, _ = specs[name]
+    model = eval(builder)  # builders are the literals of gpu_validate.models()
+    x = model_input(shape, dtype)
+    abstract = jax.eval_shape(model.init, jax.random.key(0), x)
+    params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
+    kwargs = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
+    r = jaxremat.apply(model.apply, params, x, **kwargs)
+    chosen.append((name, r.plan, r.predicted_total_bytes))
+    for row in recorded["results"]:
+      if row["model"] != name or row.get("checkpoints") is None or row.get("compiled_bytes") is None:
+        continue
+      predicted = r.predict_total_bytes(Plan(tuple(row["checkpoints"])))
+      err = 100 * (predicted - row["compiled_bytes"]) / row["compiled_bytes"]
+      errors.append(abs(err))
+      lines.append(f"| {name} | {row['strategy']} | {predicted / 2**20:.1f} | {row['compiled_bytes'] / 2**20:.1f} | {err:+.1f}% |")
+      print(lines[-1], flush=True)
+  for name, plan, predicted in chosen:
+    plans.append(f"| {name} | {list(plan.checkpoints)} | {predicted / 2**20:.1f} |")
+  summary = (f"{len(errors)} rows: mean |error| {np.mean(errors):.1f}%, worst {np.max(errors):.1f}%, "
+             f"{sum(e <= 5 for e in errors)} within 5%, {sum(e <= 10 for e in errors)} within 10%")
+  print(summary)
+  print("\n".join(plans))
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(f"# GPU predictions against recorded GPU compiles\n\n`{' '.join(sys.argv)}` "
+              f"(jax {jax.__version__}, traced on {jax.default_backend()}, profiled for {args.backend})\n\n" + "\n".join(lines) + f"\n\n{summary}\n\n" + "\n".join(plans) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
