@@ -96,8 +96,10 @@ def kept_values(jaxpr, res_atoms, out_atoms) -> list:
   return [k for atom in res_atoms for k in kept(atom)]
 
 
-#: Ops that only relay out or retype a value; XLA writes their result in place of it.
-_LAYOUT = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "convert_element_type"})
+#: Ops that are bitcasts on GPU: their result is their operand's buffer. (A transpose is
+#: a copy: a kernel gradient a matmul writes as ``[out, in]`` and transposes into its
+#: gradient buffer takes temp, 128 MiB a layer in the H100 MLP's buffer assignment.)
+_LAYOUT = frozenset({"reshape", "squeeze", "expand_dims"})
 
 
 def backward_workspace_bytes(step_jaxpr, cotangents) -> int:
@@ -109,7 +111,7 @@ def backward_workspace_bytes(step_jaxpr, cotangents) -> int:
   backward = _compat.input_dependent(jaxpr, cotangents)
   uses = _Uses(jaxpr)
   returned = {v for v in jaxpr.outvars if not isinstance(v, _compat.Literal)}
-  for eqn in reversed(jaxpr.eqns):  # a gradient before a layout change is the gradient
+  for eqn in reversed(jaxpr.eqns):  # a gradient before a bitcast is the gradient
     if eqn.primitive.name in _LAYOUT and all(v in returned for v in eqn.outvars):
       operand = eqn.invars[0]
       if all(c.primitive.name in _LAYOUT for c in uses.consumers.get(operand, ())):
