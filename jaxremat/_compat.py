@@ -16,6 +16,18 @@ JaxprEqn = jex_core.JaxprEqn
 # as a single such equation, which jaxremat looks inside.
 CALL_PRIMITIVES = frozenset({"pjit", "jit", "closed_call", "core_call"})
 
+#: Equations that only wrap a sub-program (calls and ``custom_jvp``): judged by the
+#: equations inside.
+WRAPPER_PRIMITIVES = CALL_PRIMITIVES | {"custom_jvp_call"}
+
+#: Elementwise maps, broadcasts and reshapes XLA fuses into their consumer.
+FUSIBLE_PRIMITIVES = frozenset({
+    "abs", "add", "and", "broadcast_in_dim", "convert_element_type", "div", "eq", "exp",
+    "expand_dims", "ge", "gt", "integer_pow", "le", "log", "logistic", "lt", "max", "min", "mul",
+    "ne", "neg", "not", "or", "reshape", "rsqrt", "select_n", "sign", "sqrt", "square",
+    "squeeze", "sub", "tanh",
+})
+
 
 def name_stack(eqn: JaxprEqn) -> tuple[str, ...]:
   """The equation's name stack (Flax module path, named scopes) as components."""

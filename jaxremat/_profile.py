@@ -218,12 +218,7 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
 
 
 #: Primitives XLA fuses into their consumer (elementwise maps, broadcasts, bitcasts).
-_FUSIBLE = frozenset({
-    "abs", "add", "and", "broadcast_in_dim", "convert_element_type", "div", "eq", "exp",
-    "expand_dims", "ge", "gt", "integer_pow", "le", "log", "logistic", "lt", "max", "min", "mul",
-    "ne", "neg", "not", "or", "reshape", "rsqrt", "select_n", "sign", "sqrt", "square",
-    "squeeze", "sub", "tanh",
-})
+_FUSIBLE = _compat.FUSIBLE_PRIMITIVES
 
 
 def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
@@ -264,8 +259,7 @@ def _elementwise(layer: Layer) -> bool:
   return bool(names) and all(name in _ELEMENTWISE for name in names)
 
 
-#: Equations that only wrap a sub-program, judged by the equations inside.
-_TRANSPARENT = _compat.CALL_PRIMITIVES | {"custom_jvp_call"}
+_TRANSPARENT = _compat.WRAPPER_PRIMITIVES
 
 
 #: Elementwise primitives among ``_FUSIBLE`` (no broadcast or reshape).

@@ -24,13 +24,10 @@ from __future__ import annotations
 
 from jaxremat import _compat
 
-#: Primitives XLA fuses into their consumer on GPU (elementwise maps, broadcasts, reshapes).
-FUSIBLE = frozenset({
-    "abs", "add", "and", "broadcast_in_dim", "convert_element_type", "copy", "copy_p", "cos",
-    "div", "eq", "erf", "exp", "expand_dims", "ge", "gt", "integer_pow", "le", "log", "log1p", "logistic", "lt",
-    "max", "min", "mul", "ne", "neg", "not", "or", "pow", "reshape", "rsqrt", "select_n",
-    "sign", "sin", "sqrt", "square", "squeeze", "stop_gradient", "sub", "tanh", "xor",
-})
+#: Primitives XLA fuses into their consumer on GPU: those it fuses on every backend and
+#: a few more the CPU model does not count on.
+FUSIBLE = _compat.FUSIBLE_PRIMITIVES | {
+    "copy", "copy_p", "cos", "erf", "log1p", "pow", "sin", "stop_gradient", "xor"}
 
 #: Consumers that read a fused producer without it being written: reductions and
 #: layout changes take their operand as a fusion input.
@@ -39,7 +36,7 @@ _FUSING_CONSUMERS = frozenset({
     "concatenate", "pad",
 })
 
-_WRAPPERS = _compat.CALL_PRIMITIVES | {"custom_jvp_call"}
+_WRAPPERS = _compat.WRAPPER_PRIMITIVES
 
 
 def fusible(eqn) -> bool:
