@@ -22,9 +22,10 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   an argument, not temp.
 
   An elementwise layer (``buffers.elementwise``) writes ``g_{i-1}`` over ``g_i``: its
-  step counts the larger of the two. Buffers XLA's CPU backend allocates when the step
-  starts (``buffers.start``, see ``_xla_cpu``) are added where they are live, and then
-  the forward pass is walked too (``_forward_peak``).
+  step counts the larger of the two. Buffers XLA allocates before a layer's backward
+  (``buffers.start``: on CPU when the step starts, ``_xla_cpu``; on GPU max-pools'
+  scatter targets, ``_xla_gpu``) are added where they are live, and then the forward
+  pass is walked too (``_forward_peak``).
   """
   n = chain.n
   grads = sorted((size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1])
@@ -82,7 +83,7 @@ def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers
 
 
 class _StartBuffers:
-  """The CPU start buffers (``_xla_cpu.StartBuffers`` per layer) live at each step of a plan."""
+  """The start buffers (``_xla_cpu.StartBuffers`` per layer) live at each step of a plan."""
 
   def __init__(self, buffers: Buffers, segments: list[tuple[int, int]]):
     n = len(buffers.start)

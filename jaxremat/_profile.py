@@ -33,8 +33,9 @@ class Buffers:
     inputs: bytes of each saved input that no earlier layer already saves.
     param_grads: bytes of each parameter gradient the layer's backward writes (a
       parameter read by several layers counts for the first).
-    start: what XLA's CPU backend allocates for the layer's backward when the step
-      starts (``_xla_cpu``; empty on other backends).
+    start: buffers XLA allocates for the layer's backward before it runs: on CPU when
+      the step starts (``_xla_cpu``), on GPU the max-pools' zero-filled scatter targets
+      (``_xla_gpu.pool_buffers``, ``until_backward`` only); empty on other backends.
     elementwise: per layer, whether its every operation is elementwise and fusible (a
       ReLU): XLA then writes its input cotangent over its output cotangent (one buffer).
   """

@@ -62,7 +62,7 @@ def per_device_profile(traced: TracedChain, prof: Profile, flat_inputs: Sequence
                       for i, r in enumerate(prof.buffers.residuals)),
       inputs=tuple(tuple(scale(b, act_f[i]) for b in r) for i, r in enumerate(prof.buffers.inputs)),
       param_grads=tuple(grads),
-      start=tuple(  # CPU start buffers: the pooled operands shard as the layer's residuals
+      start=tuple(  # start buffers: the pooled operands shard as the layer's residuals
           dataclasses.replace(st, until_backward=scale(st.until_backward, res_f[i]),
                               indices=tuple((shape, scale(b, res_f[i])) for shape, b in st.indices))
           for i, st in enumerate(prof.buffers.start)))

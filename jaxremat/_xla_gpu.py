@@ -127,10 +127,11 @@ _INDEX_BYTES = 4  # s32
 def pool_buffers(step_jaxpr) -> tuple[int, int]:
   """``(zeros, indices)`` bytes XLA's GPU backend adds for the max-pools of a layer's
   forward-and-backward ``step_jaxpr``. Its argmax writes one ``s32`` index per operand
-  dimension and pooled element in the forward (or the recompute), read by the backward's
-  scatter: a residual. The scatter's zero-filled target of the operand's shape is one
-  buffer with the zeros the ReLU before the pool compares against (XLA merges equal
-  constants), so it is written in the forward and lives until the pool's backward."""
+  dimension and pooled element, in the backward just before the scatter that reads it:
+  workspace of the pool's backward. The scatter's zero-filled target of the operand's
+  shape is one buffer with the zeros the ReLU before the pool compares against (XLA
+  merges equal constants), so it is written in the forward and lives until the pool's
+  backward."""
   jaxpr = getattr(step_jaxpr, "jaxpr", step_jaxpr)
   zeros = indices = 0
   for eqn in _compat.all_eqns(jaxpr.eqns):
