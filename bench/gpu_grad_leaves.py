@@ -2,33 +2,39 @@
 
     PYTHONPATH=. python bench/gpu_grad_leaves.py
 
-For the GPU validation's ViT (vit-d384-L12-b256) and GPT (gpt-d512-L8-b8-s1024), prints the largest gradient entry of the whole tree,
-the largest difference relative to it, and the four leaves with the largest per-leaf
-relative difference (difference, the leaf's largest entry, its path).
+For the GPU validation's ViT (vit-d384-L12-b256) and GPT (gpt-d512-L8-b8-s1024), prints
+the largest gradient entry of the whole tree, the largest difference relative to it, and
+the four leaves with the largest per-leaf relative difference (difference, the leaf's
+largest entry, its path).
 """
 
+import os
+import sys
+
 import jax
-import jax.numpy as jnp
+import jax.numpy as jnp  # noqa: F401  (used by eval of the builders)
 import numpy as np
 
-import jaxremat
-from jaxremat import zoo
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jaxremat  # noqa: E402
+from jaxremat import zoo  # noqa: E402,F401  (used by eval of the builders)
+from gpu_validate import model_input, models, scalar_loss  # noqa: E402
+
+#: Printed label -> model of gpu_validate.models().
+CASES = {"vit": "vit-d384-L12-b256", "gpt": "gpt-d512-L8-b8-s1024"}
 
 
 def main() -> None:
-  cases = {
-      "vit": (zoo.vit(patch=4, dim=384, depth=12, num_heads=6),
-                            jax.random.normal(jax.random.key(1), (256, 32, 32, 3))),
-      "gpt": (zoo.gpt(vocab_size=8192, max_len=1024, dim=512, depth=8, num_heads=8),
-                               jax.random.randint(jax.random.key(1), (8, 1024), 0, 256)),
-  }
-  for name, (model, x) in cases.items():
+  specs = models(quick=False)
+  for name, model_name in CASES.items():
+    builder, shape, dtype, kwargs = specs[model_name]
+    model = eval(builder)  # builders are the literals of gpu_validate.models()
+    x = model_input(shape, dtype)
     params = model.init(jax.random.key(0), x)
-    loss = lambda f: lambda p, b: jnp.mean(jnp.square(f(p, b).astype(jnp.float32)))
-    r = jaxremat.apply(model.apply, params, x)
-    remat = jaxremat.apply(model.apply, params, x, plan=jaxremat.solve(r.chain, "every-layer")).fn
-    want = jax.jit(jax.grad(loss(model.apply)))(params, x)
-    got = jax.jit(jax.grad(loss(remat)))(params, x)
+    r = jaxremat.apply(model.apply, params, x, **kwargs)
+    remat = jaxremat.apply(model.apply, params, x, plan=jaxremat.solve(r.chain, "every-layer"), **kwargs).fn
+    want = jax.jit(jax.grad(scalar_loss(model.apply, kwargs)))(params, x)
+    got = jax.jit(jax.grad(scalar_loss(remat, kwargs)))(params, x)
     rows = []
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree_util.tree_leaves(got)):
       a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

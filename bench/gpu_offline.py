@@ -49,9 +49,8 @@ def main() -> int:
   specs = {**models(quick=False), **EARLIER}
   lines = ["| model | strategy | predicted MiB (GPU model) | XLA compiled MiB (GPU) | error |", "|---|---|---|---|---|"]
   errors = []
-  chosen = []  # the plan apply picks under this profile, not compiled here
   plans = ["| model | plan apply picks with this profile (not yet compiled on a GPU) | predicted MiB |",
-           "|---|---|---|"]
+           "|---|---|---|"]  # not compiled here
   for name in dict.fromkeys(row["model"] for row in recorded["results"]):
     if name not in specs or (args.models and name not in args.models.split(",")):
       continue
@@ -62,7 +61,7 @@ def main() -> int:
     params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
     kwargs = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
     r = jaxremat.apply(model.apply, params, x, **kwargs)
-    chosen.append((name, r.plan, r.predicted_total_bytes))
+    plans.append(f"| {name} | {list(r.plan.checkpoints)} | {r.predicted_total_bytes / 2**20:.1f} |")
     for row in recorded["results"]:
       if row["model"] != name or row.get("checkpoints") is None or row.get("compiled_bytes") is None:
         continue
@@ -71,8 +70,6 @@ def main() -> int:
       errors.append(abs(err))
       lines.append(f"| {name} | {row['strategy']} | {predicted / 2**20:.1f} | {row['compiled_bytes'] / 2**20:.1f} | {err:+.1f}% |")
       print(lines[-1], flush=True)
-  for name, plan, predicted in chosen:
-    plans.append(f"| {name} | {list(plan.checkpoints)} | {predicted / 2**20:.1f} |")
   summary = (f"{len(errors)} rows: mean |error| {np.mean(errors):.1f}%, worst {np.max(errors):.1f}%, "
              f"{sum(e <= 5 for e in errors)} within 5%, {sum(e <= 10 for e in errors)} within 10%")
   print(summary)
