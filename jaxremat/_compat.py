@@ -29,6 +29,10 @@ FUSIBLE_PRIMITIVES = frozenset({
 })
 
 
+#: Fusible primitives too costly for XLA to recompute in a second fusion.
+EXPENSIVE_PRIMITIVES = frozenset({"div", "exp", "log", "logistic", "rsqrt", "sqrt", "tanh"})
+
+
 def name_stack(eqn: JaxprEqn) -> tuple[str, ...]:
   """The equation's name stack (Flax module path, named scopes) as components."""
   text = str(eqn.source_info.name_stack)
@@ -77,6 +81,30 @@ def input_dependent(jaxpr: jex_core.Jaxpr, varying_inputs: Iterable[Var] | None 
     varying.update(v for v, inner_out in zip(eqn.outvars, inner.jaxpr.outvars)
                    if not isinstance(inner_out, Literal) and inner_out in inner_varying)
   return varying
+
+
+def inlined_eqns(jaxpr: jex_core.Jaxpr) -> tuple[list[tuple[str, list, list]], dict]:
+  """The equations of ``jaxpr`` with calls (``jit``) inlined, as ``(primitive name,
+  invars, outvars)``, and the renaming: a call's outputs are renamed to the inner values
+  they return (``renaming.get(v, v)``), so data flow can be followed across calls."""
+  rename: dict = {}
+  out: list[tuple[str, list, list]] = []
+
+  def visit(inner: jex_core.Jaxpr) -> None:
+    for eqn in inner.eqns:
+      ins = [v if isinstance(v, Literal) else rename.get(v, v) for v in eqn.invars]
+      called = inner_closed_jaxpr(eqn)
+      if called is None:
+        out.append((eqn.primitive.name, ins, list(eqn.outvars)))
+        continue
+      rename.update((v, a) for v, a in zip(called.jaxpr.invars, ins))
+      visit(called.jaxpr)
+      for v, r in zip(eqn.outvars, called.jaxpr.outvars):
+        if not isinstance(r, Literal):
+          rename[v] = rename.get(r, r)
+
+  visit(jaxpr)
+  return out, rename
 
 
 def effects_of(eqns: Sequence[JaxprEqn]) -> frozenset:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -82,7 +83,9 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
   residuals = []
   for i, layer in enumerate(layers):
     inputs = first_inputs if i == 0 else layer.inputs
-    residuals.append(_residuals(layer, inputs, grad_invariants, differentiate_inputs=i > 0, backend=backend))
+    library = _library_fusions(layer, inputs, grad_invariants, i > 0) if backend == "cpu" else None
+    residuals.append(_residuals(layer, inputs, grad_invariants, differentiate_inputs=i > 0,
+                                backend=backend, library=library))
   res = [r.total for r in residuals]
   own = [r.own_input for r in residuals]
   saved_inputs = [set(r.own_input_vars) for r in residuals]
@@ -172,14 +175,15 @@ def _differentiable(layer: Layer, inputs, grad_invariants, differentiate_inputs:
 
 
 def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool,
-               fused: bool = True, backend: str | None = None) -> LayerResiduals:
+               fused: bool = True, backend: str | None = None,
+               library: _xla_cpu.LibraryFusions | None = None) -> LayerResiduals:
   """What the layer's VJP saves; with ``fused``, as XLA keeps it (``_as_kept_by_xla``,
-  on GPU ``_xla_gpu.kept_values``).
+  on GPU ``_xla_gpu.kept_values``). ``library`` (CPU) adds the broadcasts the
+  backward's library fusions need and keeps the values they read.
 
   Pass ``fused=False`` for a scan body: its residuals are written to stacked loop
   outputs, which XLA cannot fuse into the backward loop.
   """
-  keep = _xla_gpu.kept_values if (backend or jax.default_backend()) == "gpu" else _as_kept_by_xla
   vjp, in_vars, out_vars = _differentiable(layer, inputs, grad_invariants, differentiate_inputs)
 
   def outputs_and_residuals(*args):
@@ -188,6 +192,13 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
 
   closed = jax.make_jaxpr(outputs_and_residuals)(*map(_spec, in_vars))
   jaxpr = closed.jaxpr
+  if (backend or jax.default_backend()) == "gpu":
+    keep = _xla_gpu.kept_values
+  else:
+    # The step's forward traces as this jaxpr does: its equations match by position.
+    read = {jaxpr.eqns[k].outvars[j] for k, j, name in (library.read_whole if library else ())
+            if k < len(jaxpr.eqns) and jaxpr.eqns[k].primitive.name == name}
+    keep = functools.partial(_as_kept_by_xla, written=read)
   n_out = len(out_vars)
   out_atoms, res_atoms = jaxpr.outvars[:n_out], jaxpr.outvars[n_out:]
   position = {v: k for k, v in enumerate(jaxpr.invars)}
@@ -215,6 +226,9 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
     for k, out_atom in enumerate(out_atoms):
       if out_atom is atom:
         own_outputs.add(out_vars[k])
+  if library is not None and fused:
+    total += sum(library.broadcasts)
+    computed.extend(library.broadcasts)
   return LayerResiduals(total, own_input, frozenset(own_inputs), frozenset(own_outputs), tuple(computed))
 
 
@@ -222,7 +236,7 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
 _FUSIBLE = _compat.FUSIBLE_PRIMITIVES
 
 
-def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
+def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: set = frozenset()) -> list:
   """The values XLA keeps for the backward pass in place of ``res_atoms``.
 
   A residual the forward computes only for the backward (no forward consumer) by a
@@ -235,10 +249,15 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
   """
   producer = {v: e for e in jaxpr.eqns for v in e.outvars}
   uses: dict = {}
+  # Values some op reads from memory: a forward op, or (if the VJP saves them) the
+  # backward's library fusions (``written``).
+  written = (set(written) & set(res_atoms)) | set(jaxpr.invars)
   for e in jaxpr.eqns:
     for v in e.invars:
       if not isinstance(v, _compat.Literal):
         uses[v] = uses.get(v, 0) + 1
+        if not _fusible(e):
+          written.add(v)
   forward_out = {v for v in out_atoms if not isinstance(v, _compat.Literal)}
 
   def kept(atom, only_backward: bool) -> list:
@@ -248,9 +267,23 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms) -> list:
     return [k for v in eqn.invars if not isinstance(v, _compat.Literal)
             for k in kept(v, uses.get(v, 0) == 1)]
 
-  kept_atoms = [k for atom in res_atoms for k in kept(atom, uses.get(atom, 0) == 0)]
-  held = set(res_atoms) | set(jaxpr.invars) | set(jaxpr.constvars)
-  return [k for k in kept_atoms if k in held or not _recomputable(k, producer, held)]
+  kept_atoms = list(dict.fromkeys(k for atom in res_atoms for k in kept(atom, uses.get(atom, 0) == 0)))
+  held = set(kept_atoms) | set(jaxpr.invars) | set(jaxpr.constvars)
+  out = []
+  for k in kept_atoms:
+    if k not in forward_out and k not in written and _recomputable(k, producer, held - {k}):
+      held.discard(k)
+    else:
+      out.append(k)
+  return out
+
+
+def _fusible(eqn) -> bool:
+  """True when XLA fuses the equation into its consumer (a call: all it runs)."""
+  if eqn.primitive.name not in _TRANSPARENT:
+    return eqn.primitive.name in _FUSIBLE
+  inner = [e for e in _compat.all_eqns([eqn]) if e.primitive.name not in _TRANSPARENT]
+  return all(e.primitive.name in _FUSIBLE for e in inner)
 
 
 def _elementwise(layer: Layer) -> bool:
@@ -267,8 +300,7 @@ _TRANSPARENT = _compat.WRAPPER_PRIMITIVES
 _ELEMENTWISE = _FUSIBLE - {"broadcast_in_dim", "expand_dims", "reshape", "squeeze"}
 
 
-#: Fusible primitives too costly for XLA to recompute in a second fusion.
-_EXPENSIVE = frozenset({"div", "exp", "log", "logistic", "rsqrt", "sqrt", "tanh"})
+_EXPENSIVE = _compat.EXPENSIVE_PRIMITIVES
 
 
 def _recomputable(atom, producer: dict, held: set) -> bool:
@@ -314,6 +346,12 @@ def _start_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: 
   activations = [k < n_inputs for k in range(len(args))] + [True] * len(cts)
   batch = [k < n_inputs and not differentiate_inputs for k in range(len(args))]
   return _xla_cpu.start_buffers(jax.make_jaxpr(step)(args, cts), activations, batch)
+
+
+def _library_fusions(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
+  """What the library fusions of the layer's backward need written (``_xla_cpu``)."""
+  step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
+  return _xla_cpu.library_fusions(jax.make_jaxpr(step)(args, cts), len(jax.tree_util.tree_leaves(cts)))
 
 
 def _gpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> tuple[int, int, int]:

@@ -107,6 +107,128 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   return StartBuffers(until_backward, tuple(kernels), tuple(indices.items()), relaid)
 
 
+#: Reductions and products XLA's CPU backend runs as library (YNNPACK) fusions.
+_LIBRARY_SEEDS = frozenset({"reduce_sum", "dot_general"})
+
+#: Elementwise ops of a backward pass (``add_any`` sums cotangents).
+_BACKWARD_FUSIBLE = _compat.FUSIBLE_PRIMITIVES | {"add_any"}
+
+#: Shape-only primitives that keep the element count (looked through to the source).
+_SAME_SIZE = frozenset({"reshape", "expand_dims", "squeeze", "broadcast_in_dim", "convert_element_type"})
+
+@dataclasses.dataclass(frozen=True)
+class LibraryFusions:
+  """What the library fusions of a layer's backward ask of its forward (CPU).
+
+  Attributes:
+    broadcasts: bytes of each broadcast written out in full for them.
+    read_whole: ``(equation index, output index, primitive name)`` of each forward value
+      (top-level equations of the layer's forward-and-backward jaxpr) one of them reads:
+      XLA writes it in the forward and keeps it, where it would otherwise recompute it.
+  """
+
+  broadcasts: tuple[int, ...] = ()
+  read_whole: frozenset = frozenset()
+
+
+def library_fusions(step_jaxpr, n_cotangents: int) -> LibraryFusions:
+  """The library fusions of a layer's backward and what they need written out.
+
+  ``step_jaxpr`` is the layer's forward and backward; its last ``n_cotangents`` inputs
+  are the output cotangents. XLA's CPU backend runs a backward reduction (with the
+  elementwise ops feeding it) and a matmul (with the elementwise ops it feeds) as one
+  library (YNNPACK) fusion, which reads whole buffers only:
+
+  * a smaller operand there (LayerNorm's scale or inverse deviation against a
+    cotangent, a softmax's denominator) is broadcast to full size in a buffer of its
+    own, made as soon as its source exists and kept until the backward reads it; a
+    source that cheap elementwise ops compute (``x * x``) is recomputed inside instead;
+  * a forward value an elementwise op feeding the reduction reads (BatchNorm's
+    ``x - mean`` in ``sum(g * (x - mean))``) is written and kept, not recomputed. Ops
+    are pulled in only through values used once: a product two reductions read
+    (LayerNorm's) is written by an ordinary fusion, which recomputes its operands.
+  """
+  jaxpr = getattr(step_jaxpr, "jaxpr", step_jaxpr)
+  eqns, renaming = _compat.inlined_eqns(jaxpr)
+  cotangent = set(jaxpr.invars[len(jaxpr.invars) - n_cotangents:])
+  producer = {}
+  consumers: dict = {}
+  for k, (name, ins, outs) in enumerate(eqns):
+    producer.update((v, k) for v in outs)
+    for v in _vars(ins):
+      consumers.setdefault(v, []).append(k)
+    if any(v in cotangent for v in _vars(ins)):
+      cotangent.update(outs)
+
+  def fusible(k: int) -> bool:
+    return eqns[k][0] in _BACKWARD_FUSIBLE and any(v in cotangent for v in _vars(eqns[k][1]))
+
+  feeding: set = set()  # elementwise ops feeding a reduction through values used once
+  region: set = set()  # with those feeding through any value, and those a matmul feeds
+  for k, (name, ins, outs) in enumerate(eqns):
+    if name not in _LIBRARY_SEEDS or not any(v in cotangent for v in _vars(ins)):
+      continue
+    if name == "reduce_sum":
+      for once_only, found in ((True, feeding), (False, region)):
+        stack = [(v, producer[v]) for v in _vars(ins) if v in producer]
+        while stack:
+          v, j = stack.pop()
+          if j in found or not fusible(j) or (once_only and len(consumers[v]) > 1):
+            continue
+          found.add(j)
+          stack.extend((u, producer[u]) for u in _vars(eqns[j][1]) if u in producer)
+    else:
+      stack = [c for v in outs for c in consumers.get(v, ())]
+      while stack:
+        j = stack.pop()
+        if j not in region and fusible(j):
+          region.add(j)
+          stack.extend(c for v in eqns[j][2] for c in consumers.get(v, ()))
+  region |= feeding
+
+  def source(v):
+    while v in producer and eqns[producer[v]][0] in _SAME_SIZE and _size(eqns[producer[v]][1][0]) == _size(v):
+      v = eqns[producer[v]][1][0]
+    return v
+
+  broadcasts: dict = {}
+  whole: set = set()
+  for k in region:
+    out = eqns[k][2][0].aval
+    full = int(np.prod(out.shape, dtype=np.int64))
+    for v in _vars(eqns[k][1]):
+      if v in cotangent:
+        continue
+      if v in producer and eqns[producer[v]][0] == "broadcast_in_dim":
+        v = eqns[producer[v]][1][0]  # an explicit broadcast: its operand
+        if isinstance(v, _compat.Literal):
+          continue
+      if _size(v) == full:
+        if k in feeding:
+          whole.add(v)
+        continue
+      if _size(v) == 1:
+        continue
+      src = source(v)
+      made_by = eqns[producer[src]][0] if src in producer else None
+      if made_by in _compat.FUSIBLE_PRIMITIVES and made_by not in _compat.EXPENSIVE_PRIMITIVES:
+        continue  # cheap: recomputed inside the fusion
+      shape = tuple(int(d) for d in out.shape)
+      broadcasts[(src, shape)] = _compat.aval_bytes(out.update(dtype=v.aval.dtype))
+  positions = frozenset(
+      (k, j, eqn.primitive.name) for k, eqn in enumerate(jaxpr.eqns) for j, v in enumerate(eqn.outvars)
+      if renaming.get(v, v) in whole)
+  return LibraryFusions(tuple(broadcasts.values()), positions)
+
+
+def _vars(atoms) -> list:
+  return [v for v in atoms if not isinstance(v, _compat.Literal)]
+
+
+def _size(v) -> int:
+  return int(np.prod(v.aval.shape, dtype=np.int64))
+
+
 def _relays_cotangent(eqn, params: set) -> bool:
   """A forward convolution, or a dense layer over more than one batch axis, of a
   parameter kernel: its kernel gradient reads the output cotangent relaid out (a dense
