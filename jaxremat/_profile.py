@@ -244,8 +244,10 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: set = frozenset()) -> 
   backward consumer: XLA keeps the op's operands instead (here ``x`` and ``y``), which
   may be larger (a bool mask becomes its f32 source) or smaller (a broadcast becomes
   its source vector). Applied recursively through single-use fusible producers. A
-  value so reached that XLA can recompute from saved values (``_recomputable``) is
-  dropped.
+  kept value that XLA can recompute from the other kept values (``_recomputable``) is
+  dropped, unless a forward op or a library fusion of the backward (``written``, CPU)
+  reads it from memory: GELU's ``0.5 * (1 + tanh)`` goes, BatchNorm's ``x - mean``
+  stays.
   """
   producer = {v: e for e in jaxpr.eqns for v in e.outvars}
   uses: dict = {}
