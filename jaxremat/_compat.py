@@ -51,6 +51,16 @@ def inner_closed_jaxpr(eqn: JaxprEqn) -> jex_core.ClosedJaxpr | None:
   return None
 
 
+def fusible(eqn: JaxprEqn, primitives: frozenset = FUSIBLE_PRIMITIVES) -> bool:
+  """True when XLA fuses ``eqn`` into its consumer: one of ``primitives``, or a call
+  (``jit``, ``custom_jvp``) of only such primitives."""
+  name = eqn.primitive.name
+  if name not in WRAPPER_PRIMITIVES:
+    return name in primitives
+  inner = [e for e in all_eqns([eqn]) if e.primitive.name not in WRAPPER_PRIMITIVES]
+  return all(e.primitive.name in primitives for e in inner)
+
+
 def all_eqns(eqns: Iterable[JaxprEqn]) -> Iterator[JaxprEqn]:
   """Every equation of ``eqns`` and, recursively, of the sub-jaxprs in their params
   (jit bodies, custom_jvp functions, scan and cond bodies), each container first."""

@@ -80,12 +80,13 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
   cot = [0] + [_bytes(v for v in layer.outputs if _compat.is_float(v.aval)) for layer in layers[:-1]]
   cot.append(_bytes(v for v in layers[-1].side_outputs if _compat.is_float(v.aval)))
 
+  cpu = [_cpu_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants, i > 0)
+         for i, layer in enumerate(layers)] if backend == "cpu" else []
   residuals = []
   for i, layer in enumerate(layers):
     inputs = first_inputs if i == 0 else layer.inputs
-    library = _library_fusions(layer, inputs, grad_invariants, i > 0) if backend == "cpu" else None
     residuals.append(_residuals(layer, inputs, grad_invariants, differentiate_inputs=i > 0,
-                                backend=backend, library=library))
+                                backend=backend, library=cpu[i][1] if cpu else None))
   res = [r.total for r in residuals]
   own = [r.own_input for r in residuals]
   saved_inputs = [set(r.own_input_vars) for r in residuals]
@@ -106,10 +107,7 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
   start: tuple = ()
   work = [0] * n
   if backend == "cpu":
-    start = tuple(
-        _start_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants,
-                       differentiate_inputs=i > 0)
-        for i, layer in enumerate(layers))
+    start = tuple(starts for starts, _ in cpu)
     work = [s.relaid_cotangents for s in start]
   elif backend == "gpu":
     gpu = [_gpu_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants, i > 0)
@@ -258,7 +256,7 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: set = frozenset()) -> 
     for v in e.invars:
       if not isinstance(v, _compat.Literal):
         uses[v] = uses.get(v, 0) + 1
-        if not _fusible(e):
+        if not _compat.fusible(e):
           written.add(v)
   forward_out = {v for v in out_atoms if not isinstance(v, _compat.Literal)}
 
@@ -278,14 +276,6 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: set = frozenset()) -> 
     else:
       out.append(k)
   return out
-
-
-def _fusible(eqn) -> bool:
-  """True when XLA fuses the equation into its consumer (a call: all it runs)."""
-  if eqn.primitive.name not in _TRANSPARENT:
-    return eqn.primitive.name in _FUSIBLE
-  inner = [e for e in _compat.all_eqns([eqn]) if e.primitive.name not in _TRANSPARENT]
-  return all(e.primitive.name in _FUSIBLE for e in inner)
 
 
 def _elementwise(layer: Layer) -> bool:
@@ -341,19 +331,16 @@ def _forward_and_backward(layer: Layer, inputs, grad_invariants, differentiate_i
   return step, list(map(_spec, in_vars)), cts
 
 
-def _start_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
-  """What XLA's CPU backend allocates for the layer's backward when the step starts."""
+def _cpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
+  """What XLA's CPU backend adds for the layer's backward (``_xla_cpu``): the buffers it
+  allocates when the step starts, and what the backward's library fusions need."""
   step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
+  closed = jax.make_jaxpr(step)(args, cts)
   n_inputs = len(dict.fromkeys(inputs))  # args are the inputs, then the invariants
   activations = [k < n_inputs for k in range(len(args))] + [True] * len(cts)
   batch = [k < n_inputs and not differentiate_inputs for k in range(len(args))]
-  return _xla_cpu.start_buffers(jax.make_jaxpr(step)(args, cts), activations, batch)
-
-
-def _library_fusions(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
-  """What the library fusions of the layer's backward need written (``_xla_cpu``)."""
-  step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
-  return _xla_cpu.library_fusions(jax.make_jaxpr(step)(args, cts), len(jax.tree_util.tree_leaves(cts)))
+  return (_xla_cpu.start_buffers(closed, activations, batch),
+          _xla_cpu.library_fusions(closed, len(jax.tree_util.tree_leaves(cts))))
 
 
 def _gpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> tuple[int, int, int]:

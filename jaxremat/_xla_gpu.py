@@ -36,19 +36,10 @@ _FUSING_CONSUMERS = frozenset({
     "concatenate", "pad",
 })
 
-_WRAPPERS = _compat.WRAPPER_PRIMITIVES
-
-
 def fusible(eqn) -> bool:
   """True when XLA fuses ``eqn`` into its consumer: an elementwise, broadcast or
   reshape primitive, or a call (``jit``, ``custom_jvp``) of only such primitives."""
-  name = eqn.primitive.name
-  if name in FUSIBLE:
-    return True
-  if name not in _WRAPPERS:
-    return False
-  inner = [e for e in _compat.all_eqns([eqn]) if e is not eqn and e.primitive.name not in _WRAPPERS]
-  return all(e.primitive.name in FUSIBLE for e in inner)
+  return _compat.fusible(eqn, FUSIBLE)
 
 
 class _Uses:
