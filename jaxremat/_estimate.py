@@ -31,7 +31,7 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   grads = sorted((size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1])
   segments = plan.segments(n)
   start = None
-  if any(s.until_backward or s.kernels for s in buffers.start):
+  if any(s.until_backward or s.kernels or s.swapped_kernels for s in buffers.start):
     start = _StartBuffers(buffers, segments)
     grads = start.free_gradients(grads)
   peak = _forward_peak(chain, buffers, segments, start, grads) if start is not None else 0
@@ -103,6 +103,8 @@ class _StartBuffers:
         uses.setdefault(shape, []).append((j, recomputed[j]))
         size[shape] = nbytes
     self.indices = [(size[shape], u) for shape, u in uses.items()]
+    # Reversed kernels of swapped forward convolutions: (bytes, layer).
+    self.swapped = [(size, j) for j, s in enumerate(buffers.start, start=1) for size in s.swapped_kernels]
     self.n = n
 
   def free_gradients(self, grads: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -115,8 +117,10 @@ class _StartBuffers:
 
   def forward(self, k: int) -> list[tuple[int, int]]:
     """Live while layer ``k``'s forward runs: every buffer kept until a backward; each
-    iota whose last use is at layer ``k`` or later (a later forward, or any recompute)."""
+    iota whose last use is at layer ``k`` or later (a later forward, or any recompute);
+    the swapped kernels of layers ``k`` and later."""
     live = [(size, j - 1) for size, j in self.until_backward]
+    live += [(size, self.n) for size, j in self.swapped if j >= k]
     for size, uses in self.indices:
       if any(again or j >= k for j, again in uses):
         # hostable in gradients written after its last use: a recompute's layer, or any

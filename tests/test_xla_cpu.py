@@ -13,7 +13,7 @@ import jaxremat
 from jaxremat._chain import Chain, Plan
 from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._profile import Buffers
-from jaxremat._xla_cpu import StartBuffers
+from jaxremat._xla_cpu import StartBuffers, swaps_operands
 from jaxremat.solvers import uniform_plan
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU expansion of XLA")
@@ -120,3 +120,41 @@ def test_prediction_on_a_pooled_cnn_is_near_xla(plan):
   r = jaxremat.apply(model.apply, params, x, plan=chosen)
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b))), params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.15, (r.predicted_total_bytes, measured)
+
+
+@cpu_only
+@pytest.mark.parametrize("size,kernel,padding,stride", [
+    ((2, 2), (3, 3), "SAME", 1), ((1, 1), (3, 3), "SAME", 1), ((1, 4), (3, 3), "SAME", 1),
+    ((3, 3), (5, 5), "SAME", 2), ((3, 3), (3, 3), "SAME", 1), ((4, 4), (3, 3), "VALID", 1),
+    ((2, 2), (1, 1), "SAME", 1), ((4, 4), (3, 3), "SAME", 2), ((2, 2), (2, 2), "VALID", 1)])
+def test_swapped_convolutions_agree_with_xla(size, kernel, padding, stride):
+  """The oracle is XLA itself: a forward convolution whose operands it swaps reads a
+  reversed copy of the kernel, which shows as a reverse in the optimized HLO."""
+  x, w = jnp.ones((2, *size, 4)), jnp.ones((*kernel, 4, 8))
+  conv = functools.partial(jax.lax.conv_general_dilated, window_strides=(stride, stride),
+                           padding=padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  eqn = jax.make_jaxpr(conv)(x, w).jaxpr.eqns[0]
+  hlo = jax.jit(conv).lower(x, w).compile().as_text()
+  assert swaps_operands(eqn) == ("reverse(" in hlo)
+
+
+@cpu_only
+def test_a_conv_over_a_smaller_feature_map_holds_its_reversed_kernel_in_the_forward():
+  model = nn.Sequential([nn.Conv(8, (3, 3)), nn.relu, pool, nn.Conv(16, (3, 3)), nn.relu,
+                         nn.Conv(16, (3, 3))])
+  x = jnp.ones((4, 4, 4, 3))  # the last two convs see 2x2 maps: swapped
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x, layer_depth=1)
+  swapped = [s.swapped_kernels for name, s in zip(r.chain.names, r.buffers.start)
+             if name.startswith("layers_")]
+  assert swapped == [(), (4 * 9 * 8 * 16,), (4 * 9 * 16 * 16,)]
+
+
+def test_estimate_holds_a_swapped_kernel_until_its_forward():
+  """Layer 3's swapped kernel K = 700 is live from the start until layer 3's forward."""
+  chain, buffers = _toy((StartBuffers(), StartBuffers(), StartBuffers(swapped_kernels=(700,))))
+  # No remat. Forward at layer 3: 300 residuals + x_3 (30) + K = 1030; the backward's
+  # 305 (no K) is below it.
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 1030
+  # Layers 1-2 recomputed: forward at layer 3: x_2 (20) + 100 + x_3 (30) + K = 850.
+  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 850
