@@ -31,7 +31,8 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   grads = sorted((size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1])
   segments = plan.segments(n)
   start = None
-  if any(s.until_backward or s.kernels or s.swapped_kernels for s in buffers.start):
+  if any(s.until_backward or s.kernels or s.swapped_kernels or s.pooled_operands
+         for s in buffers.start):
     start = _StartBuffers(buffers, segments)
     grads = start.free_gradients(grads)
   peak = _forward_peak(chain, buffers, segments, start, grads) if start is not None else 0
@@ -64,8 +65,9 @@ def _saved(buffers: Buffers, l: int, i: int) -> list[tuple[int, int]]:
 
 def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers, grads) -> int:
   """Peak over the forward pass: at layer ``k`` the checkpoints before it, the residuals
-  of the final segment's layers up to ``k``, the output ``x_k`` and the start buffers
-  still live. No gradient is written yet, so every gradient buffer can host."""
+  of the final segment's layers up to ``k``, the input ``x_{k-1}`` where neither held nor
+  saved (an elementwise layer writes ``x_k`` over it), the output ``x_k`` and the start
+  buffers still live. No gradient is written yet, so every gradient buffer can host."""
   n = chain.n
   peak = 0
   held: list[tuple[int, int]] = []
@@ -77,7 +79,13 @@ def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers
       if r == n:  # only the final segment keeps residuals in the forward pass
         seg += _saved(buffers, l, k)
       output = (chain.act_bytes[k], k)  # being written; kept only if a later layer saves it
-      live = [b for b in (*held, *seg, output, *start.forward(k)) if b[0] > 0]
+      operand = []
+      if k - 1 > l and not (r == n and buffers.inputs[k - 1]):  # the input, not held or saved
+        if buffers.elementwise and buffers.elementwise[k - 1]:  # written over by its output
+          output = (max(chain.act_bytes[k], chain.act_bytes[k - 1]), k - 1)
+        else:
+          operand = [(chain.act_bytes[k - 1], k - 1)]
+      live = [b for b in (*held, *seg, *operand, output, *start.forward(k)) if b[0] > 0]
       peak = max(peak, _unhosted_bytes(live, grads, written_from=n + 1))
   return peak
 
@@ -105,6 +113,7 @@ class _StartBuffers:
     self.indices = [(size[shape], u) for shape, u in uses.items()]
     # Reversed kernels of swapped forward convolutions: (bytes, layer).
     self.swapped = [(size, j) for j, s in enumerate(buffers.start, start=1) for size in s.swapped_kernels]
+    self.pooled = [s.pooled_operands for s in buffers.start]
     self.n = n
 
   def free_gradients(self, grads: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -118,9 +127,10 @@ class _StartBuffers:
   def forward(self, k: int) -> list[tuple[int, int]]:
     """Live while layer ``k``'s forward runs: every buffer kept until a backward; each
     iota whose last use is at layer ``k`` or later (a later forward, or any recompute);
-    the swapped kernels of layers ``k`` and later."""
+    the swapped kernels of layers ``k`` and later; the operands layer ``k`` pools."""
     live = [(size, j - 1) for size, j in self.until_backward]
     live += [(size, self.n) for size, j in self.swapped if j >= k]
+    live.append((self.pooled[k - 1], self.n))
     for size, uses in self.indices:
       if any(again or j >= k for j, again in uses):
         # hostable in gradients written after its last use: a recompute's layer, or any

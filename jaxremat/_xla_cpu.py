@@ -12,6 +12,10 @@ any activation, so XLA's scheduler creates them when the step starts:
   layer is not recomputed, in the backward pass when it is. Iotas of one shape are one
   buffer (XLA merges identical ``iota`` instructions).
 
+That reduce-window reads the pooled operand besides the pool itself, so an operand
+computed inside the layer (a ReLU before the pool) is written out and is live, with its
+four index arrays, while the forward pass reaches the pool.
+
 A convolution of the batch itself (the first layer's) reads it for its kernel gradient
 in another layout: XLA copies the batch when the step starts and keeps the copy until
 that layer's backward (for later layers the copy takes the place of the residual).
@@ -68,6 +72,8 @@ class StartBuffers:
       is live at a time during the layer's backward; workspace, not in ``total_bytes``).
     swapped_kernels: bytes of each reversed kernel a forward convolution with swapped
       operands reads, live until the layer's forward pass.
+    pooled_operands: bytes of the pooled operands computed inside the layer, live only
+      while its forward pass runs (not in ``total_bytes``).
   """
 
   until_backward: int = 0
@@ -75,6 +81,7 @@ class StartBuffers:
   indices: tuple[tuple[tuple[int, ...], int], ...] = ()
   relaid_cotangents: int = 0
   swapped_kernels: tuple[int, ...] = ()
+  pooled_operands: int = 0
 
   @property
   def total_bytes(self) -> int:
@@ -93,13 +100,17 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   until_backward = 0
   kernels = []
   indices: dict[tuple[int, ...], int] = {}
-  for eqn in _compat.all_eqns(jaxpr.eqns):
-    if eqn.primitive.name not in EXPANDED_PRIMITIVES:
+  inputs = set(jaxpr.invars)
+  pooled = set()
+  for name, ins, outs in _compat.inlined_eqns(jaxpr)[0]:
+    if name not in EXPANDED_PRIMITIVES:
       continue
-    operand = eqn.outvars[0].aval  # the scatter target: the pooled operand's shape
+    operand = outs[0].aval  # the scatter target: the pooled operand's shape
     until_backward += _compat.aval_bytes(operand)
     shape = tuple(int(d) for d in operand.shape)
     indices[shape] = len(shape) * int(np.prod(shape, dtype=np.int64)) * _INDEX_BYTES
+    if ins[1] not in inputs:  # (source, operand): an operand the layer computes
+      pooled.add(ins[1])
   batch_vars = {v for v, flag in zip(jaxpr.invars, batch) if flag}
   copied = {eqn.invars[0] for eqn in jaxpr.eqns
             if eqn.primitive.name == "conv_general_dilated" and eqn.invars[0] in batch_vars}
@@ -123,7 +134,8 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
         swapped.append(_compat.aval_bytes(kernel.aval))
     elif eqn.primitive.name == "rev" and operands:
       kernels.append(_compat.aval_bytes(eqn.outvars[0].aval))
-  return StartBuffers(until_backward, tuple(kernels), tuple(indices.items()), relaid, tuple(swapped))
+  return StartBuffers(until_backward, tuple(kernels), tuple(indices.items()), relaid, tuple(swapped),
+                      sum(_compat.aval_bytes(v.aval) for v in pooled))
 
 
 def swaps_operands(conv) -> bool:
