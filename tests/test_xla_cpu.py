@@ -1,6 +1,7 @@
 """What XLA's CPU backend adds at the start of a step (max-pool gradients, reversed
 kernels): detected from the jaxpr, walked by the estimate, checked against XLA."""
 
+import dataclasses
 import functools
 import math
 
@@ -84,8 +85,9 @@ def test_estimate_walks_start_buffers_through_forward_and_backward():
   start = (StartBuffers(), StartBuffers(1000, (), (((8,), 5000),)), StartBuffers())
   chain, buffers = _toy(start)
   # No remat: the iota dies in layer 2's forward. Forward at layer 2: residuals of
-  # 1..2 (200) + the output x_2 being written (20) + Z + I = 6220.
-  assert estimate_temp_bytes(chain, buffers, Plan(())) == 6220
+  # 1..2 (200) + its input x_1, which no layer saves (10) + the output x_2 being
+  # written (20) + Z + I = 6230.
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 6230
   # Layers 1-2 recomputed: the iota lives until layer 2's backward. Forward at layer 3:
   # x_2 (20) + 100 + x_3 (30) + Z + I = 6150; backward at layer 3: x_2 + 100 + g_3 + g_2
   # + Z + I = 6125; at layer 2: 200 + g_2 + g_1 + I = 5203 (the zeros became g_1).
@@ -99,8 +101,8 @@ def test_iotas_of_one_shape_are_one_buffer():
   same = (StartBuffers(1000, (), (((8,), 5000),)), StartBuffers(1000, (), (((8,), 5000),)),
           StartBuffers())
   chain, buffers = _toy(same)
-  # Forward at layer 2: 200 residuals + x_2 (20) + two zeros + one shared iota.
-  assert estimate_temp_bytes(chain, buffers, Plan(())) == 7220
+  # Forward at layer 2: 200 residuals + x_1 (10) + x_2 (20) + two zeros + one shared iota.
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 7230
 
 
 @cpu_only
@@ -153,8 +155,31 @@ def test_a_conv_over_a_smaller_feature_map_holds_its_reversed_kernel_in_the_forw
 def test_estimate_holds_a_swapped_kernel_until_its_forward():
   """Layer 3's swapped kernel K = 700 is live from the start until layer 3's forward."""
   chain, buffers = _toy((StartBuffers(), StartBuffers(), StartBuffers(swapped_kernels=(700,))))
-  # No remat. Forward at layer 3: 300 residuals + x_3 (30) + K = 1030; the backward's
-  # 305 (no K) is below it.
-  assert estimate_temp_bytes(chain, buffers, Plan(())) == 1030
+  # No remat. Forward at layer 3: 300 residuals + x_2 (20) + x_3 (30) + K = 1050; the
+  # backward's 305 (no K) is below it.
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 1050
   # Layers 1-2 recomputed: forward at layer 3: x_2 (20) + 100 + x_3 (30) + K = 850.
   assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 850
+
+
+@cpu_only
+def test_a_pool_after_a_relu_in_one_layer_holds_the_relu_output_in_its_forward():
+  model = nn.Sequential([nn.Conv(8, (3, 3)), lambda x: pool(nn.relu(x)), nn.Conv(8, (3, 3)), pool])
+  x = jnp.ones((4, 16, 16, 3))
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x, layer_depth=1)
+  # The second layer pools a ReLU it computes: (4, 16, 16, 8) f32, written for the
+  # argmax; the fourth pools its own input, already a buffer.
+  assert [s.pooled_operands for s in r.buffers.start] == [0, 4 * 16 * 16 * 8 * 4, 0, 0]
+
+
+def test_forward_holds_an_input_neither_held_nor_saved():
+  """Layer 2 of a recomputed segment (0, 2]: its input x_1 (10) and output x_2 (20) are
+  both live; residuals are not kept in a recomputed segment's forward."""
+  chain, buffers = _toy((StartBuffers(), StartBuffers(swapped_kernels=(700,)), StartBuffers()))
+  # Forward at layer 2 under Plan((2,)): x_1 + x_2 + K (700) = 730; the backward peaks
+  # at layer 2: residuals of 1..2 (200) + g_2 + g_1 = 203.
+  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 730
+  # An elementwise layer 2 writes x_2 over x_1: max(10, 20) + K = 720.
+  ew = dataclasses.replace(buffers, elementwise=(False, True, False))
+  assert estimate_temp_bytes(chain, ew, Plan((2,))) == 720
