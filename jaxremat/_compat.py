@@ -32,6 +32,14 @@ FUSIBLE_PRIMITIVES = frozenset({
 #: Fusible primitives too costly for XLA to recompute in a second fusion.
 EXPENSIVE_PRIMITIVES = frozenset({"div", "exp", "log", "logistic", "rsqrt", "sqrt", "tanh"})
 
+#: Fusible primitives XLA recomputes in each fusion that needs them.
+CHEAP_PRIMITIVES = FUSIBLE_PRIMITIVES - EXPENSIVE_PRIMITIVES
+
+#: The max-pool gradient: a scatter of the cotangent into zeros at argmax indices, which
+#: XLA writes as ``s32`` (``INDEX_BYTES`` each).
+POOL_GRADIENT_PRIMITIVES = frozenset({"select_and_scatter_add"})
+INDEX_BYTES = 4
+
 
 def name_stack(eqn: JaxprEqn) -> tuple[str, ...]:
   """The equation's name stack (Flax module path, named scopes) as components."""

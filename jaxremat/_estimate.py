@@ -31,8 +31,7 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   grads = sorted((size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1])
   segments = plan.segments(n)
   start = None
-  if any(s.until_backward or s.kernels or s.swapped_kernels or s.pooled_operands
-         for s in buffers.start):
+  if any(s.total_bytes or s.pooled_operands for s in buffers.start):
     start = _StartBuffers(buffers, segments)
     grads = start.free_gradients(grads)
   peak = _forward_peak(chain, buffers, segments, start, grads) if start is not None else 0

@@ -230,10 +230,6 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
   return LayerResiduals(total, own_input, frozenset(own_inputs), frozenset(own_outputs), tuple(computed))
 
 
-#: Primitives XLA fuses into their consumer (elementwise maps, broadcasts, bitcasts).
-_FUSIBLE = _compat.FUSIBLE_PRIMITIVES
-
-
 def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: set = frozenset()) -> list:
   """The values XLA keeps for the backward pass in place of ``res_atoms``.
 
@@ -262,7 +258,8 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: set = frozenset()) -> 
 
   def kept(atom, only_backward: bool) -> list:
     eqn = None if isinstance(atom, _compat.Literal) else producer.get(atom)
-    if not only_backward or eqn is None or eqn.primitive.name not in _FUSIBLE or atom in forward_out:
+    if (not only_backward or eqn is None or atom in forward_out
+        or eqn.primitive.name not in _compat.FUSIBLE_PRIMITIVES):
       return [atom]
     return [k for v in eqn.invars if not isinstance(v, _compat.Literal)
             for k in kept(v, uses.get(v, 0) == 1)]
@@ -281,18 +278,12 @@ def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: set = frozenset()) -> 
 def _elementwise(layer: Layer) -> bool:
   """True when every equation of the layer (inside calls too) is elementwise and fusible."""
   names = [eqn.primitive.name for eqn in _compat.all_eqns(layer.eqns)
-           if eqn.primitive.name not in _TRANSPARENT]
+           if eqn.primitive.name not in _compat.WRAPPER_PRIMITIVES]
   return bool(names) and all(name in _ELEMENTWISE for name in names)
 
 
-_TRANSPARENT = _compat.WRAPPER_PRIMITIVES
-
-
-#: Elementwise primitives among ``_FUSIBLE`` (no broadcast or reshape).
-_ELEMENTWISE = _FUSIBLE - {"broadcast_in_dim", "expand_dims", "reshape", "squeeze"}
-
-
-_EXPENSIVE = _compat.EXPENSIVE_PRIMITIVES
+#: Elementwise primitives among the fusible ones (no broadcast or reshape).
+_ELEMENTWISE = _compat.FUSIBLE_PRIMITIVES - {"broadcast_in_dim", "expand_dims", "reshape", "squeeze"}
 
 
 def _recomputable(atom, producer: dict, held: set) -> bool:
@@ -302,17 +293,15 @@ def _recomputable(atom, producer: dict, held: set) -> bool:
   value BatchNorm's own residuals give back)."""
   size = _compat.aval_bytes(atom.aval)
 
-  def ok(v) -> bool:
-    if isinstance(v, _compat.Literal) or v in held or 10 * _compat.aval_bytes(v.aval) <= size:
-      return True
+  def made_cheaply(v) -> bool:
     eqn = producer.get(v)
-    if eqn is None or eqn.primitive.name not in _FUSIBLE or eqn.primitive.name in _EXPENSIVE:
-      return False
-    return all(ok(u) for u in eqn.invars)
+    return eqn is not None and eqn.primitive.name in _compat.CHEAP_PRIMITIVES and all(map(ok, eqn.invars))
 
-  eqn = producer.get(atom)
-  return (eqn is not None and eqn.primitive.name in _FUSIBLE
-          and eqn.primitive.name not in _EXPENSIVE and all(ok(u) for u in eqn.invars))
+  def ok(v) -> bool:
+    return (isinstance(v, _compat.Literal) or v in held or 10 * _compat.aval_bytes(v.aval) <= size
+            or made_cheaply(v))
+
+  return made_cheaply(atom)
 
 
 def _forward_and_backward(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):

@@ -51,11 +51,6 @@ import numpy as np
 
 from jaxremat import _compat
 
-#: The gradient primitives XLA's CPU backend expands into iota, reduce-window and scatter.
-EXPANDED_PRIMITIVES = frozenset({"select_and_scatter_add"})
-
-_INDEX_BYTES = 4  # s32
-
 
 @dataclasses.dataclass(frozen=True)
 class StartBuffers:
@@ -103,12 +98,12 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   inputs = set(jaxpr.invars)
   pooled = set()
   for name, ins, outs in _compat.inlined_eqns(jaxpr)[0]:
-    if name not in EXPANDED_PRIMITIVES:
+    if name not in _compat.POOL_GRADIENT_PRIMITIVES:  # expanded into iotas, argmax, scatter
       continue
     operand = outs[0].aval  # the scatter target: the pooled operand's shape
     until_backward += _compat.aval_bytes(operand)
     shape = tuple(int(d) for d in operand.shape)
-    indices[shape] = len(shape) * int(np.prod(shape, dtype=np.int64)) * _INDEX_BYTES
+    indices[shape] = len(shape) * int(np.prod(shape, dtype=np.int64)) * _compat.INDEX_BYTES
     if ins[1] not in inputs:  # (source, operand): an operand the layer computes
       pooled.add(ins[1])
   batch_vars = {v for v, flag in zip(jaxpr.invars, batch) if flag}
@@ -268,7 +263,7 @@ def library_fusions(step_jaxpr, n_cotangents: int) -> LibraryFusions:
         continue
       src = source(v)
       made_by = eqns[producer[src]][0] if src in producer else None
-      if made_by in _compat.FUSIBLE_PRIMITIVES and made_by not in _compat.EXPENSIVE_PRIMITIVES:
+      if made_by in _compat.CHEAP_PRIMITIVES:
         continue  # cheap: recomputed inside the fusion
       shape = tuple(int(d) for d in out.shape)
       broadcasts[(src, shape)] = _compat.aval_bytes(out.update(dtype=v.aval.dtype))

@@ -110,11 +110,6 @@ def backward_workspace_bytes(step_jaxpr, cotangents) -> int:
   return max(sizes, default=0)
 
 
-#: The max-pool gradient: a scatter of the cotangent into zeros at argmax indices.
-POOL_GRADIENTS = frozenset({"select_and_scatter_add"})
-_INDEX_BYTES = 4  # s32
-
-
 def pool_buffers(step_jaxpr) -> tuple[int, int]:
   """``(zeros, indices)`` bytes XLA's GPU backend adds for the max-pools of a layer's
   forward-and-backward ``step_jaxpr``. Its argmax writes one ``s32`` index per operand
@@ -126,8 +121,8 @@ def pool_buffers(step_jaxpr) -> tuple[int, int]:
   jaxpr = getattr(step_jaxpr, "jaxpr", step_jaxpr)
   zeros = indices = 0
   for eqn in _compat.all_eqns(jaxpr.eqns):
-    if eqn.primitive.name in POOL_GRADIENTS:
+    if eqn.primitive.name in _compat.POOL_GRADIENT_PRIMITIVES:
       operand, pooled = eqn.outvars[0].aval, eqn.invars[0].aval
       zeros += _compat.aval_bytes(operand)
-      indices += len(operand.shape) * int(pooled.size) * _INDEX_BYTES
+      indices += len(operand.shape) * int(pooled.size) * _compat.INDEX_BYTES
   return zeros, indices
