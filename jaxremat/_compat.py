@@ -35,6 +35,9 @@ EXPENSIVE_PRIMITIVES = frozenset({"div", "exp", "log", "logistic", "rsqrt", "sqr
 #: Fusible primitives XLA recomputes in each fusion that needs them.
 CHEAP_PRIMITIVES = FUSIBLE_PRIMITIVES - EXPENSIVE_PRIMITIVES
 
+#: Elementwise primitives among the fusible ones (no broadcast or reshape).
+ELEMENTWISE_PRIMITIVES = FUSIBLE_PRIMITIVES - {"broadcast_in_dim", "expand_dims", "reshape", "squeeze"}
+
 #: The max-pool gradient: a scatter of the cotangent into zeros at argmax indices, which
 #: XLA writes as ``s32`` (``INDEX_BYTES`` each).
 POOL_GRADIENT_PRIMITIVES = frozenset({"select_and_scatter_add"})
@@ -101,19 +104,19 @@ def input_dependent(jaxpr: jex_core.Jaxpr, varying_inputs: Iterable[Var] | None 
   return varying
 
 
-def inlined_eqns(jaxpr: jex_core.Jaxpr) -> tuple[list[tuple[str, list, list]], dict]:
+def inlined_eqns(jaxpr: jex_core.Jaxpr) -> tuple[list[tuple[str, list, list, dict]], dict]:
   """The equations of ``jaxpr`` with calls (``jit``) inlined, as ``(primitive name,
-  invars, outvars)``, and the renaming: a call's outputs are renamed to the inner values
-  they return (``renaming.get(v, v)``), so data flow can be followed across calls."""
+  invars, outvars, params)``, and the renaming: a call's outputs are renamed to the inner
+  values they return (``renaming.get(v, v)``), so data flow can be followed across calls."""
   rename: dict = {}
-  out: list[tuple[str, list, list]] = []
+  out: list[tuple[str, list, list, dict]] = []
 
   def visit(inner: jex_core.Jaxpr) -> None:
     for eqn in inner.eqns:
       ins = [v if isinstance(v, Literal) else rename.get(v, v) for v in eqn.invars]
       called = inner_closed_jaxpr(eqn)
       if called is None:
-        out.append((eqn.primitive.name, ins, list(eqn.outvars)))
+        out.append((eqn.primitive.name, ins, list(eqn.outvars), eqn.params))
         continue
       rename.update((v, a) for v, a in zip(called.jaxpr.invars, ins))
       visit(called.jaxpr)
@@ -141,6 +144,32 @@ def sub_function(
       tuple(f"[{k}]" for k in range(len(outvars))))
   jaxpr = jex_core.Jaxpr((), list(invars), list(outvars), list(eqns), effects_of(eqns), info)
   return jex_core.jaxpr_as_fun(jex_core.ClosedJaxpr(jaxpr, ()))
+
+
+def inlined_function(
+    eqns: Sequence[JaxprEqn], invars: Sequence[Var], outvars: Sequence[Any]
+) -> Callable[..., list]:
+  """Like ``sub_function``, with calls (``jit``) evaluated equation by equation, so that
+  a trace of it (or of its VJP) holds their equations inline, not a call."""
+
+  def run(eqns, invars, outvars, args):
+    env = dict(zip(invars, args))
+    read = lambda v: v.val if isinstance(v, Literal) else env[v]
+    for eqn in eqns:
+      values = [read(v) for v in eqn.invars]
+      inner = inner_closed_jaxpr(eqn)
+      if inner is not None:
+        env.update(zip(inner.jaxpr.constvars, inner.consts))
+        outs = run(inner.jaxpr.eqns, inner.jaxpr.invars, inner.jaxpr.outvars, values)
+      else:
+        params = eqn.primitive.get_bind_params(eqn.params)
+        subfuns, params = params if isinstance(params, tuple) else ((), params)  # jax < 0.9
+        outs = eqn.primitive.bind(*subfuns, *values, **params)
+        outs = outs if eqn.primitive.multiple_results else [outs]
+      env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in outvars]
+
+  return lambda *args: run(eqns, invars, outvars, args)
 
 
 def aval_bytes(aval: Any) -> int:

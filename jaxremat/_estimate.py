@@ -31,7 +31,7 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   grads = sorted((size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1])
   segments = plan.segments(n)
   start = None
-  if any(s.total_bytes or s.pooled_operands for s in buffers.start):
+  if any(s.total_bytes or s.pooled_operands or s.relaid_inputs for s in buffers.start):
     start = _StartBuffers(buffers, segments)
     grads = start.free_gradients(grads)
   peak = _forward_peak(chain, buffers, segments, start, grads) if start is not None else 0
@@ -65,8 +65,9 @@ def _saved(buffers: Buffers, l: int, i: int) -> list[tuple[int, int]]:
 def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers, grads) -> int:
   """Peak over the forward pass: at layer ``k`` the checkpoints before it, the residuals
   of the final segment's layers up to ``k``, the input ``x_{k-1}`` where neither held nor
-  saved (an elementwise layer writes ``x_k`` over it), the output ``x_k`` and the start
-  buffers still live. No gradient is written yet, so every gradient buffer can host."""
+  saved (an elementwise layer writes ``x_k`` over it) or where the final segment keeps a
+  relaid copy of it besides, the output ``x_k`` and the start buffers still live. No
+  gradient is written yet, so every gradient buffer can host."""
   n = chain.n
   peak = 0
   held: list[tuple[int, int]] = []
@@ -84,6 +85,8 @@ def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers
           output = (max(chain.act_bytes[k], chain.act_bytes[k - 1]), k - 1)
         else:
           operand = [(chain.act_bytes[k - 1], k - 1)]
+      elif r == n and buffers.start[k - 1].relaid_inputs:  # held or saved, and a relaid copy
+        operand = [(buffers.start[k - 1].relaid_inputs, k - 1)]
       live = [b for b in (*held, *seg, *operand, output, *start.forward(k)) if b[0] > 0]
       peak = max(peak, _unhosted_bytes(live, grads, written_from=n + 1))
   return peak
@@ -102,7 +105,8 @@ class _StartBuffers:
     # Kernel copies made at the start, each in its own gradient's buffer.
     self.kernels = [(size, j) for j, s in enumerate(buffers.start, start=1) if not recomputed[j]
                     for size in s.kernels]
-    # Per iota shape: its bytes and the layers that use it, each with when it is last used.
+    # Per iota shape: its bytes and the layers that use it, each with whether it runs
+    # again in the backward.
     uses: dict[tuple[int, ...], list[tuple[int, bool]]] = {}
     size: dict[tuple[int, ...], int] = {}
     for j, s in enumerate(buffers.start, start=1):
@@ -110,6 +114,12 @@ class _StartBuffers:
         uses.setdefault(shape, []).append((j, recomputed[j]))
         size[shape] = nbytes
     self.indices = [(size[shape], u) for shape, u in uses.items()]
+    # Per average pool's constant: its bytes and the last layer whose forward reads it.
+    constants: dict[tuple, tuple[int, int]] = {}
+    for j, s in enumerate(buffers.start, start=1):
+      for key, nbytes in s.window_constants:
+        constants[key] = (nbytes, j)
+    self.constants = list(constants.values())
     # Reversed kernels of swapped forward convolutions: (bytes, layer).
     self.swapped = [(size, j) for j, s in enumerate(buffers.start, start=1) for size in s.swapped_kernels]
     self.pooled = [s.pooled_operands for s in buffers.start]
@@ -126,9 +136,10 @@ class _StartBuffers:
   def forward(self, k: int) -> list[tuple[int, int]]:
     """Live while layer ``k``'s forward runs: every buffer kept until a backward; each
     iota whose last use is at layer ``k`` or later (a later forward, or any recompute);
-    the swapped kernels of layers ``k`` and later; the operands layer ``k`` pools."""
+    the swapped kernels and average pools' constants of layers ``k`` and later (a
+    recompute makes its own, transient); the operands layer ``k`` pools."""
     live = [(size, j - 1) for size, j in self.until_backward]
-    live += [(size, self.n) for size, j in self.swapped if j >= k]
+    live += [(size, self.n) for size, j in (*self.swapped, *self.constants) if j >= k]
     live.append((self.pooled[k - 1], self.n))
     for size, uses in self.indices:
       if any(again or j >= k for j, again in uses):

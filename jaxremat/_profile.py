@@ -146,7 +146,7 @@ def _bytes(variables) -> int:
 def _layer_fn(layer: Layer, inputs: Sequence[_compat.Var]):
   in_vars = list(dict.fromkeys([*inputs, *layer.invariants]))
   out_vars = list(dict.fromkeys([*layer.outputs, *layer.side_outputs]))
-  return _compat.sub_function(layer.eqns, in_vars, out_vars), in_vars, out_vars
+  return _compat.inlined_function(layer.eqns, in_vars, out_vars), in_vars, out_vars
 
 
 def _spec(v) -> jax.ShapeDtypeStruct:
@@ -279,11 +279,9 @@ def _elementwise(layer: Layer) -> bool:
   """True when every equation of the layer (inside calls too) is elementwise and fusible."""
   names = [eqn.primitive.name for eqn in _compat.all_eqns(layer.eqns)
            if eqn.primitive.name not in _compat.WRAPPER_PRIMITIVES]
-  return bool(names) and all(name in _ELEMENTWISE for name in names)
+  return bool(names) and all(name in _compat.ELEMENTWISE_PRIMITIVES for name in names)
 
 
-#: Elementwise primitives among the fusible ones (no broadcast or reshape).
-_ELEMENTWISE = _compat.FUSIBLE_PRIMITIVES - {"broadcast_in_dim", "expand_dims", "reshape", "squeeze"}
 
 
 def _recomputable(atom, producer: dict, held: set) -> bool:
@@ -328,7 +326,8 @@ def _cpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bo
   n_inputs = len(dict.fromkeys(inputs))  # args are the inputs, then the invariants
   activations = [k < n_inputs for k in range(len(args))] + [True] * len(cts)
   batch = [k < n_inputs and not differentiate_inputs for k in range(len(args))]
-  return (_xla_cpu.start_buffers(closed, activations, batch),
+  computed = [k < n_inputs and differentiate_inputs for k in range(len(args))]
+  return (_xla_cpu.start_buffers(closed, activations, batch, computed),
           _xla_cpu.library_fusions(closed, len(jax.tree_util.tree_leaves(cts))))
 
 

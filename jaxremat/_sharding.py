@@ -65,7 +65,10 @@ def per_device_profile(traced: TracedChain, prof: Profile, flat_inputs: Sequence
       start=tuple(  # start buffers: the pooled operands shard as the layer's residuals
           dataclasses.replace(st, until_backward=scale(st.until_backward, res_f[i]),
                               indices=tuple((shape, scale(b, res_f[i])) for shape, b in st.indices),
-                              pooled_operands=scale(st.pooled_operands, res_f[i]))
+                              window_constants=tuple((key, scale(b, res_f[i]))
+                                                     for key, b in st.window_constants),
+                              pooled_operands=scale(st.pooled_operands, res_f[i]),
+                              relaid_inputs=scale(st.relaid_inputs, act_f[i]))
           for i, st in enumerate(prof.buffers.start)))
   chain = Chain(act, res, cot_bytes=cot, input_res_bytes=own, workspace_bytes=work,
                 flops=chain.flops, names=chain.names)

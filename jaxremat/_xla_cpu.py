@@ -2,10 +2,10 @@
 
 XLA's CPU pipeline has no native select-and-scatter (the gradient of a max- or
 min-pool, ``select_and_scatter_add`` in the jaxpr). It expands each into an ``iota`` per
-operand dimension (``s32``, the operand's shape), a reduce-window over the operand and
-those iotas that picks the winning indices, and a scatter of the cotangent into a
-zero-filled buffer of the operand's shape. Neither the iotas nor the zeros depend on
-any activation, so XLA's scheduler creates them when the step starts:
+operand dimension (``s32``, the operand's shape with the pool's padding), a reduce-window
+over the operand and those iotas that picks the winning indices, and a scatter of the
+cotangent into a zero-filled buffer of that padded shape. Neither the iotas nor the zeros
+depend on any activation, so XLA's scheduler creates them when the step starts:
 
 * the zeros stay live until the pool's backward scatters into them;
 * the iotas stay live until the reduce-window runs: in the forward pass when the pool's
@@ -19,6 +19,14 @@ four index arrays, while the forward pass reaches the pool.
 A convolution of the batch itself (the first layer's) reads it for its kernel gradient
 in another layout: XLA copies the batch when the step starts and keeps the copy until
 that layer's backward (for later layers the copy takes the place of the residual).
+
+A convolution of a computed input reads it for its kernel gradient relaid out as well:
+the copy is made in the forward pass, beside the input, and kept in its place.
+
+An average pool (``reduce_window_sum``) runs as a library fusion with the elementwise ops
+around it, which reads their scalar constants (a ReLU's zeros, the divisor) as whole
+buffers of the op's shape: they depend on nothing, so they too are made when the step
+starts, and live until the pool's forward pass.
 
 A convolution's kernel gradient reads the output cotangent in another layout too: a
 copy the size of the convolution's output, transient during the layer's backward (its
@@ -69,6 +77,14 @@ class StartBuffers:
       operands reads, live until the layer's forward pass.
     pooled_operands: bytes of the pooled operands computed inside the layer, live only
       while its forward pass runs (not in ``total_bytes``).
+    window_constants: ``(key, bytes)`` of each scalar constant an average pool's library
+      fusion reads as a whole buffer (the zeros of a ReLU before it, the divisor after
+      it), live until the layer's forward pass (a recompute makes its own, transient);
+      equal keys (shape, dtype, value) share a buffer.
+    relaid_inputs: bytes of the layer's input that a convolution reads for its kernel
+      gradient in another layout: the copy is made in the forward pass and kept for the
+      backward in place of the input, so while the layer's forward runs both are live
+      (not in ``total_bytes``).
   """
 
   until_backward: int = 0
@@ -77,34 +93,39 @@ class StartBuffers:
   relaid_cotangents: int = 0
   swapped_kernels: tuple[int, ...] = ()
   pooled_operands: int = 0
+  relaid_inputs: int = 0
+  window_constants: tuple[tuple[tuple, int], ...] = ()
 
   @property
   def total_bytes(self) -> int:
     """All of them together (bytes)."""
     return (self.until_backward + sum(self.kernels) + sum(b for _, b in self.indices)
-            + sum(self.swapped_kernels))
+            + sum(self.swapped_kernels) + sum(b for _, b in self.window_constants))
 
 
-def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[bool] = ()) -> StartBuffers:
+def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[bool] = (),
+                  inputs: Sequence[bool] = ()) -> StartBuffers:
   """The buffers XLA's CPU backend adds for a layer whose forward-and-backward is
   ``backward_jaxpr`` (a Jaxpr or ClosedJaxpr); ``activations`` flags its inputs that are
   activations or cotangents (the rest are parameters), ``batch`` those that are the
-  model's batch (an argument of the step, not temp). Sub-jaxprs are searched for
+  model's batch (an argument of the step, not temp), ``inputs`` those that are the
+  layer's input computed by an earlier layer. Sub-jaxprs are searched for
   select-and-scatter; reversed kernels and convolutions of the batch at the top level."""
   jaxpr = getattr(backward_jaxpr, "jaxpr", backward_jaxpr)
   until_backward = 0
   kernels = []
   indices: dict[tuple[int, ...], int] = {}
-  inputs = set(jaxpr.invars)
+  invars = set(jaxpr.invars)
   pooled = set()
-  for name, ins, outs in _compat.inlined_eqns(jaxpr)[0]:
+  eqns = _compat.inlined_eqns(jaxpr)[0]
+  for name, ins, outs, params in eqns:
     if name not in _compat.POOL_GRADIENT_PRIMITIVES:  # expanded into iotas, argmax, scatter
       continue
-    operand = outs[0].aval  # the scatter target: the pooled operand's shape
-    until_backward += _compat.aval_bytes(operand)
-    shape = tuple(int(d) for d in operand.shape)
+    operand = outs[0].aval  # the scatter target: the pooled operand's shape, padded
+    shape = tuple(int(d) + lo + hi for d, (lo, hi) in zip(operand.shape, params["padding"]))
+    until_backward += _compat.aval_bytes(operand.update(shape=shape))
     indices[shape] = len(shape) * int(np.prod(shape, dtype=np.int64)) * _compat.INDEX_BYTES
-    if ins[1] not in inputs:  # (source, operand): an operand the layer computes
+    if ins[1] not in invars:  # (source, operand): an operand the layer computes
       pooled.add(ins[1])
   batch_vars = {v for v, flag in zip(jaxpr.invars, batch) if flag}
   copied = {eqn.invars[0] for eqn in jaxpr.eqns
@@ -112,6 +133,8 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   until_backward += sum(_compat.aval_bytes(v.aval) for v in copied)
   varying = _compat.input_dependent(jaxpr, [v for v, flag in zip(jaxpr.invars, activations) if flag])
   params = {v for v, flag in zip(jaxpr.invars, activations) if not flag}
+  layer_inputs = {v for v, flag in zip(jaxpr.invars, inputs) if flag}
+  relaid_inputs = set()
   relaid = 0
   swapped = []
   reversed_ = set()  # values computed from a reversed kernel
@@ -124,13 +147,60 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
         # a forward conv of a kernel; one relaid cotangent at a time
         relaid = max(relaid, _compat.aval_bytes(eqn.outvars[0].aval))
       kernel = eqn.invars[1] if eqn.primitive.name == "conv_general_dilated" else None
+      if kernel is not None and kernel in params and eqn.invars[0] in layer_inputs:
+        relaid_inputs.add(eqn.invars[0])
       if (kernel is not None and kernel not in varying and kernel not in reversed_
           and swaps_operands(eqn)):
         swapped.append(_compat.aval_bytes(kernel.aval))
     elif eqn.primitive.name == "rev" and operands:
       kernels.append(_compat.aval_bytes(eqn.outvars[0].aval))
   return StartBuffers(until_backward, tuple(kernels), tuple(indices.items()), relaid, tuple(swapped),
-                      sum(_compat.aval_bytes(v.aval) for v in pooled))
+                      sum(_compat.aval_bytes(v.aval) for v in pooled),
+                      sum(_compat.aval_bytes(v.aval) for v in relaid_inputs),
+                      tuple(_window_constants(eqns, varying).items()))
+
+
+def _window_constants(eqns, varying: set) -> dict[tuple, int]:
+  """``{(shape, dtype, value): bytes}`` of the scalar constants that the library fusion
+  of each forward ``reduce_window_sum`` (an average pool) reads in full: those of the
+  elementwise ops fused with it, feeding it through values used once (a ReLU's zeros)
+  or fed by it (the division by the window size)."""
+  producer, consumers = {}, {}
+  for k, (_, ins, outs, _) in enumerate(eqns):
+    producer.update((v, k) for v in outs)
+    for v in _vars(ins):
+      consumers.setdefault(v, []).append(k)
+  constants = {}
+
+  def elementwise(k: int) -> bool:
+    """Reads the scalar constants of equation ``k`` if it is elementwise (a custom_jvp
+    function such as ``relu`` included)."""
+    name, ins, outs, params = eqns[k]
+    inner = [(name, ins)]
+    if name in _compat.WRAPPER_PRIMITIVES and "call_jaxpr" in params:
+      inner = [(e.primitive.name, e.invars) for e in _compat.all_eqns(params["call_jaxpr"].jaxpr.eqns)
+               if e.primitive.name not in _compat.WRAPPER_PRIMITIVES]
+    if not inner or any(n not in _compat.ELEMENTWISE_PRIMITIVES for n, _ in inner):
+      return False
+    out = outs[0].aval
+    for v in (v for _, vs in inner for v in vs):
+      if isinstance(v, _compat.Literal) and np.ndim(v.val) == 0:
+        constants[(tuple(int(d) for d in out.shape), str(out.dtype), float(v.val))] = _compat.aval_bytes(out)
+    return True
+
+  for k, (name, ins, outs, _) in enumerate(eqns):
+    if name != "reduce_window_sum" or not any(v in varying for v in _vars(ins)):
+      continue
+    stack = list(_vars(ins))
+    while stack:  # the elementwise ops feeding it through values used once
+      v = stack.pop()
+      j = producer.get(v)
+      if j is not None and len(consumers.get(v, ())) == 1 and elementwise(j):
+        stack.extend(_vars(eqns[j][1]))
+    v = outs[0]
+    while len(consumers.get(v, ())) == 1 and elementwise(consumers[v][0]):
+      v = eqns[consumers[v][0]][2][0]
+  return constants
 
 
 def swaps_operands(conv) -> bool:
@@ -161,6 +231,7 @@ def swaps_operands(conv) -> bool:
 
 #: Reductions and products XLA's CPU backend runs as library (YNNPACK) fusions.
 _LIBRARY_SEEDS = frozenset({"reduce_sum", "dot_general"})
+
 
 #: Elementwise ops of a backward pass (``add_any`` sums cotangents).
 _BACKWARD_FUSIBLE = _compat.FUSIBLE_PRIMITIVES | {"add_any"}
@@ -205,7 +276,7 @@ def library_fusions(step_jaxpr, n_cotangents: int) -> LibraryFusions:
   cotangent = set(jaxpr.invars[len(jaxpr.invars) - n_cotangents:])
   producer = {}
   consumers: dict = {}
-  for k, (name, ins, outs) in enumerate(eqns):
+  for k, (name, ins, outs, _) in enumerate(eqns):
     producer.update((v, k) for v in outs)
     for v in _vars(ins):
       consumers.setdefault(v, []).append(k)
@@ -217,7 +288,7 @@ def library_fusions(step_jaxpr, n_cotangents: int) -> LibraryFusions:
 
   feeding: set = set()  # elementwise ops feeding a reduction through values used once
   region: set = set()  # with those feeding through any value, and those a matmul feeds
-  for k, (name, ins, outs) in enumerate(eqns):
+  for k, (name, ins, outs, _) in enumerate(eqns):
     if name not in _LIBRARY_SEEDS or not any(v in cotangent for v in _vars(ins)):
       continue
     if name == "reduce_sum":

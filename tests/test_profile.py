@@ -3,6 +3,7 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import pytest
 
 import jaxremat
 
@@ -92,3 +93,33 @@ def test_an_elementwise_layer_writes_its_input_cotangent_over_its_output_cotange
   elementwise = Buffers(residuals=((), (100,), ()), inputs=((), (), ()), param_grads=((), (), ()),
                         elementwise=(False, True, False))
   assert estimate_temp_bytes(chain, elementwise, Plan(())) == 141
+
+
+def test_swish_inside_a_jit_keeps_its_input_and_its_sigmoid():
+  # jax.nn.silu is a jit call. Its VJP saves the sigmoid s, the input z and s * (1 - s);
+  # XLA recomputes the last from s in the backward fusion. Seen through the call, the
+  # layer keeps z (its own input) and s, two buffers of the activation's size.
+  x = jnp.ones((8, 64))
+  chain = _chain(nn.Sequential([nn.Dense(32), nn.swish, nn.Dense(16)]), x)
+  assert chain.res_bytes[1] == 2 * 8 * 32 * 4
+  assert chain.input_res_bytes[1] == 8 * 32 * 4
+
+
+class _GroupNormBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    y = nn.swish(nn.Conv(16, (3, 3))(nn.GroupNorm(num_groups=4)(x)))
+    return x + nn.Conv(16, (3, 3))(y)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU compiled statistics")
+def test_groupnorm_swish_blocks_without_remat_are_predicted_as_xla_measures():
+  """The oracle is XLA's footprint. Counting swish's third residual (inside its jit)
+  put this prediction 15% above it; the bound is loose, bench/unseen.py records it."""
+  model = nn.Sequential([nn.Conv(16, (3, 3)), _GroupNormBlock(), _GroupNormBlock(), _GroupNormBlock(),
+                         lambda h: h.mean(axis=(1, 2)), nn.Dense(10)])
+  x = jax.random.normal(jax.random.key(1), (8, 16, 16, 3))
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x, method="none")
+  measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b))), params, x).total_bytes
+  assert abs(r.predicted_total_bytes / measured - 1) < 0.05, (r.predicted_total_bytes, measured)
