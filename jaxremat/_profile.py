@@ -207,9 +207,13 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
   own_inputs, own_outputs = set(), set()
   computed = []
   seen = set()
+  producer = {v: e for e in jaxpr.eqns for v in e.outvars}
   for atom in (keep(jaxpr, res_atoms, out_atoms) if fused else res_atoms):
-    if isinstance(atom, _compat.Literal) or atom in seen or atom in constvars or atom not in varying:
+    if isinstance(atom, _compat.Literal) or atom in constvars or atom not in varying:
       continue  # constants (e.g. the zeros relu's VJP selects from) fuse away in XLA
+    atom = _bitcast_source(atom, producer)  # a reshaped input is the input's buffer
+    if atom in seen:
+      continue
     seen.add(atom)
     if atom in position:
       src = in_vars[position[atom]]
@@ -228,6 +232,19 @@ def _residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool
     total += sum(library.broadcasts)
     computed.extend(library.broadcasts)
   return LayerResiduals(total, own_input, frozenset(own_inputs), frozenset(own_outputs), tuple(computed))
+
+
+def _bitcast_source(atom, producer: dict):
+  """The value ``atom`` reshapes (through reshapes, squeezes and expand_dims, which XLA
+  makes bitcasts of one buffer), or ``atom`` itself."""
+  eqn = producer.get(atom)
+  while eqn is not None and eqn.primitive.name in _RESHAPES and not isinstance(eqn.invars[0], _compat.Literal):
+    atom = eqn.invars[0]
+    eqn = producer.get(atom)
+  return atom
+
+
+_RESHAPES = frozenset({"reshape", "squeeze", "expand_dims"})
 
 
 def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: set = frozenset()) -> list:

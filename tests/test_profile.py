@@ -112,14 +112,26 @@ class _GroupNormBlock(nn.Module):
     return x + nn.Conv(16, (3, 3))(y)
 
 
+def test_a_reshaped_input_is_the_input_buffer():
+  # GroupNorm saves its input reshaped into groups; XLA's reshape is a bitcast of the
+  # input's buffer, so the layer keeps its own input (the checkpoint when the layer
+  # opens a segment), not another buffer.
+  x = jnp.ones((8, 16, 16, 16))
+  chain = _chain(nn.Sequential([nn.Conv(16, (3, 3)), _GroupNormBlock(), nn.Conv(16, (3, 3))]), x)
+  assert chain.input_res_bytes[1] == x.size * 4
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU compiled statistics")
-def test_groupnorm_swish_blocks_without_remat_are_predicted_as_xla_measures():
+@pytest.mark.parametrize("method", ["none", "every-layer"])
+def test_groupnorm_swish_blocks_are_predicted_as_xla_measures(method):
   """The oracle is XLA's footprint. Counting swish's third residual (inside its jit)
-  put this prediction 15% above it; the bound is loose, bench/unseen.py records it."""
+  put the no-remat prediction 15% above it, and counting a block's reshaped input
+  besides its checkpoint put every-layer 7% above; the bound is loose, bench/unseen.py
+  records the figures."""
   model = nn.Sequential([nn.Conv(16, (3, 3)), _GroupNormBlock(), _GroupNormBlock(), _GroupNormBlock(),
                          lambda h: h.mean(axis=(1, 2)), nn.Dense(10)])
   x = jax.random.normal(jax.random.key(1), (8, 16, 16, 3))
   params = model.init(jax.random.key(0), x)
-  r = jaxremat.apply(model.apply, params, x, method="none")
+  r = jaxremat.apply(model.apply, params, x, method=method)
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b))), params, x).total_bytes
-  assert abs(r.predicted_total_bytes / measured - 1) < 0.05, (r.predicted_total_bytes, measured)
+  assert abs(r.predicted_total_bytes / measured - 1) < 0.04, (r.predicted_total_bytes, measured)
