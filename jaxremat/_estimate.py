@@ -101,7 +101,12 @@ class _StartBuffers:
     for l, r in segments[:-1]:
       for i in range(l + 1, r + 1):
         recomputed[i] = True
-    self.until_backward = [(s.until_backward, j) for j, s in enumerate(buffers.start, start=1)]
+    self.until_backward = [(s.until_backward + (0 if recomputed[j] else s.batch_copy), j)
+                           for j, s in enumerate(buffers.start, start=1)]
+    # Batch copies a recompute makes: (bytes, layer, end of the layer's segment).
+    ends = {i: r for l, r in segments for i in range(l + 1, r + 1)}
+    self.recomputed_copies = [(s.batch_copy, j, ends[j]) for j, s in enumerate(buffers.start, start=1)
+                              if recomputed[j] and s.batch_copy]
     # Kernel copies made at the start, each in its own gradient's buffer.
     self.kernels = [(size, j) for j, s in enumerate(buffers.start, start=1) if not recomputed[j]
                     for size in s.kernels]
@@ -149,9 +154,11 @@ class _StartBuffers:
 
   def backward(self, i: int) -> list[tuple[int, int]]:
     """Live while layer ``i``'s backward runs: buffers kept until the backward of a layer
-    before ``i`` (layer ``i``'s zeros became its input cotangent), and iotas a recompute
-    at or before ``i`` still needs."""
+    before ``i`` (layer ``i``'s zeros became its input cotangent), batch copies a
+    recompute of ``i``'s segment made for layer ``i`` or an earlier one, and iotas a
+    recompute at or before ``i`` still needs."""
     live = [(size, j - 1) for size, j in self.until_backward if j < i]
+    live += [(size, j - 1) for size, j, end in self.recomputed_copies if j <= i <= end]
     for size, uses in self.indices:
       again = [j for j, recomputed in uses if recomputed and j <= i]
       if again:

@@ -68,7 +68,8 @@ def per_device_profile(traced: TracedChain, prof: Profile, flat_inputs: Sequence
                               window_constants=tuple((key, scale(b, res_f[i]))
                                                      for key, b in st.window_constants),
                               pooled_operands=scale(st.pooled_operands, res_f[i]),
-                              relaid_inputs=scale(st.relaid_inputs, act_f[i]))
+                              relaid_inputs=scale(st.relaid_inputs, act_f[i]),
+                              batch_copy=scale(st.batch_copy, act_f[i]))
           for i, st in enumerate(prof.buffers.start)))
   chain = Chain(act, res, cot_bytes=cot, input_res_bytes=own, workspace_bytes=work,
                 flops=chain.flops, names=chain.names)

@@ -18,7 +18,7 @@ four index arrays, while the forward pass reaches the pool.
 
 A convolution of the batch itself (the first layer's) reads it for its kernel gradient
 in another layout: XLA copies the batch when the step starts and keeps the copy until
-that layer's backward (for later layers the copy takes the place of the residual).
+that layer's backward, or, when the layer is recomputed, copies it in the recompute.
 
 A convolution of a computed input reads it for its kernel gradient relaid out as well:
 the copy is made in the forward pass, beside the input, and kept in its place.
@@ -66,7 +66,7 @@ class StartBuffers:
 
   Attributes:
     until_backward: bytes live until the layer's backward: the zero-filled scatter
-      targets and the relaid-out copy of a convolved batch.
+      targets.
     kernels: bytes of each reversed kernel: in its gradient's buffer from the start
       until the layer's backward when the layer is not recomputed.
     indices: ``(shape, bytes)`` of each iota, live until the layer's last forward
@@ -81,6 +81,9 @@ class StartBuffers:
       fusion reads as a whole buffer (the zeros of a ReLU before it, the divisor after
       it), live until the layer's forward pass (a recompute makes its own, transient);
       equal keys (shape, dtype, value) share a buffer.
+    batch_copy: bytes of the relaid-out copy of a convolved batch, live until the
+      layer's backward; when the layer is recomputed, the recompute makes it (it reads
+      the batch through the recompute's optimization barrier) and it lives from there.
     relaid_inputs: bytes of the layer's input that a convolution reads for its kernel
       gradient in another layout: the copy is made in the forward pass and kept for the
       backward in place of the input, so while the layer's forward runs both are live
@@ -95,12 +98,13 @@ class StartBuffers:
   pooled_operands: int = 0
   relaid_inputs: int = 0
   window_constants: tuple[tuple[tuple, int], ...] = ()
+  batch_copy: int = 0
 
   @property
   def total_bytes(self) -> int:
     """All of them together (bytes)."""
     return (self.until_backward + sum(self.kernels) + sum(b for _, b in self.indices)
-            + sum(self.swapped_kernels) + sum(b for _, b in self.window_constants))
+            + sum(self.swapped_kernels) + sum(b for _, b in self.window_constants) + self.batch_copy)
 
 
 def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[bool] = (),
@@ -130,7 +134,7 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   batch_vars = {v for v, flag in zip(jaxpr.invars, batch) if flag}
   copied = {eqn.invars[0] for eqn in jaxpr.eqns
             if eqn.primitive.name == "conv_general_dilated" and eqn.invars[0] in batch_vars}
-  until_backward += sum(_compat.aval_bytes(v.aval) for v in copied)
+  batch_copy = sum(_compat.aval_bytes(v.aval) for v in copied)
   varying = _compat.input_dependent(jaxpr, [v for v, flag in zip(jaxpr.invars, activations) if flag])
   params = {v for v, flag in zip(jaxpr.invars, activations) if not flag}
   layer_inputs = {v for v, flag in zip(jaxpr.invars, inputs) if flag}
@@ -157,7 +161,7 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   return StartBuffers(until_backward, tuple(kernels), tuple(indices.items()), relaid, tuple(swapped),
                       sum(_compat.aval_bytes(v.aval) for v in pooled),
                       sum(_compat.aval_bytes(v.aval) for v in relaid_inputs),
-                      tuple(_window_constants(eqns, varying).items()))
+                      tuple(_window_constants(eqns, varying).items()), batch_copy)
 
 
 def _window_constants(eqns, varying: set) -> dict[tuple, int]:

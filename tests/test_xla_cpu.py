@@ -58,7 +58,7 @@ def test_reversed_kernels_are_found_where_an_input_gradient_is_needed(pooled_cnn
   # their cotangent with the reversed 3x3 kernel; the Dense layer reverses nothing.
   assert kernels == [(), (4 * 9 * 8 * 16,), (4 * 9 * 16 * 16,), ()]
   # The first conv's kernel gradient reads the batch in another layout: a copy of it.
-  assert r.buffers.start[0].until_backward == x.nbytes
+  assert r.buffers.start[0].batch_copy == x.nbytes
   assert r.buffers.start[0].indices == ()
 
 
@@ -261,3 +261,15 @@ def test_prediction_on_a_conv_stack_with_an_average_pool_is_near_xla(plan):
   r = jaxremat.apply(model.apply, params, x, plan=Plan(()) if plan == "none" else base.plan)
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b))), params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.05, (r.predicted_total_bytes, measured)
+
+
+def test_estimate_makes_a_recomputed_layers_batch_copy_in_its_recompute():
+  """Layer 1 convolves the batch; its kernel gradient reads a copy B = 500 of it."""
+  chain, buffers = _toy((StartBuffers(batch_copy=500), StartBuffers(), StartBuffers()))
+  # No remat: B lives from the start until layer 1's backward. Forward at layer 3: 300
+  # residuals + x_2 (20) + x_3 (30) + B = 850.
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 850
+  # Layer 1 recomputed: its recompute makes B, live during layer 1's backward only:
+  # 100 + g_1 + g_0 + B = 601, above the final segment's forward at layer 3 (x_1 10 +
+  # 200 + x_2 20 + x_3 30 = 260); with B from the start, that forward would be 760.
+  assert estimate_temp_bytes(chain, buffers, Plan((1,))) == 601
