@@ -25,7 +25,8 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   step counts the larger of the two. Buffers XLA allocates before a layer's backward
   (``buffers.start``: on CPU when the step starts, ``_xla_cpu``; on GPU max-pools'
   scatter targets, ``_xla_gpu``) are added where they are live, and then the forward
-  pass is walked too (``_forward_peak``).
+  pass and each segment's recompute are walked too (``_forward_peak``,
+  ``_recompute_peak``).
   """
   n = chain.n
   grads = sorted((size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1])
@@ -34,7 +35,10 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   if any(s.total_bytes or s.pooled_operands or s.relaid_inputs for s in buffers.start):
     start = _StartBuffers(buffers, segments)
     grads = start.free_gradients(grads)
-  peak = _forward_peak(chain, buffers, segments, start, grads) if start is not None else 0
+  peak = 0
+  if start is not None:
+    peak = max(_forward_peak(chain, buffers, segments, start, grads),
+               _recompute_peak(chain, buffers, segments, start, grads))
   held: list[tuple[int, int]] = []  # (bytes, hostable in gradients of layers <= this)
   for l, r in segments:
     if l > 0:
@@ -89,6 +93,34 @@ def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers
         operand = [(buffers.start[k - 1].relaid_inputs, k - 1)]
       live = [b for b in (*held, *seg, *operand, output, *start.forward(k)) if b[0] > 0]
       peak = max(peak, _unhosted_bytes(live, grads, written_from=n + 1))
+  return peak
+
+
+def _recompute_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers, grads) -> int:
+  """Peak over the recomputes in the backward pass: at layer ``k`` of segment ``(l, r]``
+  the checkpoints up to ``l``, the residuals recomputed so far, the input ``x_{k-1}``
+  where not saved, the output ``x_k`` (the next layer's input), the cotangent ``g_r``
+  waiting for the segment's backward, and the start buffers then live, with what the
+  recompute of layer ``k`` makes for itself (``_StartBuffers.recompute``). Gradients of
+  the layers after ``r`` are written."""
+  peak = 0
+  held: list[tuple[int, int]] = []
+  for l, r in segments[:-1]:  # the final segment is not recomputed
+    if l > 0:
+      held.append((chain.act_bytes[l], l))
+    seg: list[tuple[int, int]] = []
+    for k in range(l + 1, r + 1):
+      seg += _saved(buffers, l, k)
+      output = [(chain.act_bytes[k], k)] if k < r else []  # x_r is not recomputed
+      operand = []
+      if k - 1 > l and not buffers.inputs[k - 1]:  # the input, not held or saved
+        if buffers.elementwise and buffers.elementwise[k - 1]:  # written over by its output
+          output = [(max(chain.act_bytes[k] if k < r else 0, chain.act_bytes[k - 1]), k - 1)]
+        else:
+          operand = [(chain.act_bytes[k - 1], k - 1)]
+      waiting = (chain.cot_bytes[r], r - 1)
+      live = [b for b in (*held, *seg, *operand, *output, waiting, *start.recompute(k, l, r)) if b[0] > 0]
+      peak = max(peak, _unhosted_bytes(live, grads, written_from=r + 1))
   return peak
 
 
@@ -150,6 +182,21 @@ class _StartBuffers:
       if any(again or j >= k for j, again in uses):
         # hostable in gradients written after its last use: a recompute's layer, or any
         live.append((size, min((j - 1 for j, again in uses if again), default=self.n)))
+    return live
+
+  def recompute(self, k: int, l: int, r: int) -> list[tuple[int, int]]:
+    """Live while layer ``k`` of segment ``(l, r]`` is recomputed: buffers kept until the
+    backward of a layer up to ``r``, the batch copy once its layer is recomputed, iotas a
+    recompute still to come needs, and the copies layer ``k``'s recompute makes for
+    itself (a swapped kernel, an average pool's constants) with the operand it pools."""
+    live = [(size, j - 1) for size, j in self.until_backward if j <= r]
+    live += [(size, j - 1) for size, j, end in self.recomputed_copies if j <= k and end == r]
+    live += [(size, r) for size, j in (*self.swapped, *self.constants) if j == k]
+    live.append((self.pooled[k - 1], r))
+    for size, uses in self.indices:
+      later = [j for j, recomputed in uses if recomputed and (j <= l or k <= j <= r)]
+      if later:
+        live.append((size, min(later) - 1))
     return live
 
   def backward(self, i: int) -> list[tuple[int, int]]:

@@ -88,10 +88,12 @@ def test_estimate_walks_start_buffers_through_forward_and_backward():
   # 1..2 (200) + its input x_1, which no layer saves (10) + the output x_2 being
   # written (20) + Z + I = 6230.
   assert estimate_temp_bytes(chain, buffers, Plan(())) == 6230
-  # Layers 1-2 recomputed: the iota lives until layer 2's backward. Forward at layer 3:
+  # Layers 1-2 recomputed: the iota lives until layer 2's recompute. Forward at layer 3:
   # x_2 (20) + 100 + x_3 (30) + Z + I = 6150; backward at layer 3: x_2 + 100 + g_3 + g_2
-  # + Z + I = 6125; at layer 2: 200 + g_2 + g_1 + I = 5203 (the zeros became g_1).
-  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 6150
+  # + Z + I = 6125; recompute of layer 2: residuals of 1..2 (200) + its input x_1 (10)
+  # + g_2 waiting for the segment's backward (2) + Z + I = 6212; backward at layer 2:
+  # 200 + g_2 + g_1 + I = 5203 (the zeros became g_1).
+  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 6212
   # Without start buffers the estimate is model R's backward walk.
   plain_chain, plain = _toy(())
   assert estimate_temp_bytes(plain_chain, plain, Plan(())) == 305  # 300 + g_3 + g_2
@@ -178,11 +180,17 @@ def test_forward_holds_an_input_neither_held_nor_saved():
   both live; residuals are not kept in a recomputed segment's forward."""
   chain, buffers = _toy((StartBuffers(), StartBuffers(swapped_kernels=(700,)), StartBuffers()))
   # Forward at layer 2 under Plan((2,)): x_1 + x_2 + K (700) = 730; the backward peaks
-  # at layer 2: residuals of 1..2 (200) + g_2 + g_1 = 203.
-  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 730
-  # An elementwise layer 2 writes x_2 over x_1: max(10, 20) + K = 720.
+  # at layer 2: residuals of 1..2 (200) + g_2 + g_1 = 203; the recompute of layer 2
+  # makes its own K beside its input and the residuals: 200 + x_1 + g_2 + K = 912.
+  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 912
+  # An elementwise layer 2 writes x_2 over x_1 (forward: max(10, 20) + K = 720) and,
+  # recomputed, writes nothing the backward reads: 200 + x_1 + g_2 + K = 912.
   ew = dataclasses.replace(buffers, elementwise=(False, True, False))
-  assert estimate_temp_bytes(chain, ew, Plan((2,))) == 720
+  assert estimate_temp_bytes(chain, ew, Plan((2,))) == 912
+  # With the kernel on layer 3 instead (not recomputed), layer 2's recompute holds
+  # 200 + x_1 + g_2 = 212, above the segment's backward at layer 2 (203).
+  other_chain, other = _toy((StartBuffers(), StartBuffers(), StartBuffers(swapped_kernels=(1,))))
+  assert estimate_temp_bytes(other_chain, other, Plan((2,))) == 212
 
 
 @cpu_only
@@ -240,9 +248,9 @@ def test_estimate_holds_an_average_pools_constants_until_its_forward():
   # No remat. Forward at layer 2: 200 residuals + x_1 (10) + x_2 (20) + C = 930.
   assert estimate_temp_bytes(chain, buffers, Plan(())) == 930
   # Recomputed, the pool makes its own copy in the backward: forward at layer 2 under
-  # Plan((2,)) holds x_1 + x_2 + C = 730; the backward at layer 3 (x_2 + 100 + g_3 + g_2 =
-  # 125) and at layer 2 (200 + g_2 + g_1 = 203) are below it.
-  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 730
+  # Plan((2,)) holds x_1 + x_2 + C = 730; its recompute, the residuals of 1..2 (200) +
+  # x_1 + g_2 + C = 912.
+  assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 912
 
 
 @cpu_only
