@@ -163,7 +163,7 @@ def inlined_function(
         outs = run(inner.jaxpr.eqns, inner.jaxpr.invars, inner.jaxpr.outvars, values)
       else:
         params = eqn.primitive.get_bind_params(eqn.params)
-        subfuns, params = params if isinstance(params, tuple) else ((), params)  # jax < 0.9
+        subfuns, params = params if isinstance(params, tuple) else ((), params)  # older jax: a pair
         outs = eqn.primitive.bind(*subfuns, *values, **params)
         outs = outs if eqn.primitive.multiple_results else [outs]
       env.update(zip(eqn.outvars, outs))

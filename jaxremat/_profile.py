@@ -299,8 +299,6 @@ def _elementwise(layer: Layer) -> bool:
   return bool(names) and all(name in _compat.ELEMENTWISE_PRIMITIVES for name in names)
 
 
-
-
 def _recomputable(atom, producer: dict, held: set) -> bool:
   """True when cheap fusible ops make ``atom`` from held values and small ones (a
   tenth of its size or less, such as broadcast statistics): XLA then recomputes it in

@@ -158,10 +158,12 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
         swapped.append(_compat.aval_bytes(kernel.aval))
     elif eqn.primitive.name == "rev" and operands:
       kernels.append(_compat.aval_bytes(eqn.outvars[0].aval))
-  return StartBuffers(until_backward, tuple(kernels), tuple(indices.items()), relaid, tuple(swapped),
-                      sum(_compat.aval_bytes(v.aval) for v in pooled),
-                      sum(_compat.aval_bytes(v.aval) for v in relaid_inputs),
-                      tuple(_window_constants(eqns, varying).items()), batch_copy)
+  return StartBuffers(
+      until_backward=until_backward, kernels=tuple(kernels), indices=tuple(indices.items()),
+      relaid_cotangents=relaid, swapped_kernels=tuple(swapped),
+      pooled_operands=sum(_compat.aval_bytes(v.aval) for v in pooled),
+      relaid_inputs=sum(_compat.aval_bytes(v.aval) for v in relaid_inputs),
+      window_constants=tuple(_window_constants(eqns, varying).items()), batch_copy=batch_copy)
 
 
 def _window_constants(eqns, varying: set) -> dict[tuple, int]:
@@ -177,8 +179,8 @@ def _window_constants(eqns, varying: set) -> dict[tuple, int]:
   constants = {}
 
   def elementwise(k: int) -> bool:
-    """Reads the scalar constants of equation ``k`` if it is elementwise (a custom_jvp
-    function such as ``relu`` included)."""
+    """Whether equation ``k`` is elementwise (a custom_jvp function such as ``relu``
+    included); if so, its scalar constants are recorded in ``constants``."""
     name, ins, outs, params = eqns[k]
     inner = [(name, ins)]
     if name in _compat.WRAPPER_PRIMITIVES and "call_jaxpr" in params:
@@ -235,7 +237,6 @@ def swaps_operands(conv) -> bool:
 
 #: Reductions and products XLA's CPU backend runs as library (YNNPACK) fusions.
 _LIBRARY_SEEDS = frozenset({"reduce_sum", "dot_general"})
-
 
 #: Elementwise ops of a backward pass (``add_any`` sums cotangents).
 _BACKWARD_FUSIBLE = _compat.FUSIBLE_PRIMITIVES | {"add_any"}
