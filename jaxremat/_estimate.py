@@ -82,18 +82,26 @@ def _forward_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers
     for k in range(l + 1, r + 1):
       if r == n:  # only the final segment keeps residuals in the forward pass
         seg += _saved(buffers, l, k)
-      output = (chain.act_bytes[k], k)  # being written; kept only if a later layer saves it
-      operand = []
-      if k - 1 > l and not (r == n and buffers.inputs[k - 1]):  # the input, not held or saved
-        if buffers.elementwise and buffers.elementwise[k - 1]:  # written over by its output
-          output = (max(chain.act_bytes[k], chain.act_bytes[k - 1]), k - 1)
-        else:
-          operand = [(chain.act_bytes[k - 1], k - 1)]
-      elif r == n and buffers.start[k - 1].relaid_inputs:  # held or saved, and a relaid copy
-        operand = [(buffers.start[k - 1].relaid_inputs, k - 1)]
-      live = [b for b in (*held, *seg, *operand, output, *start.forward(k)) if b[0] > 0]
+      saved = r == n and bool(buffers.inputs[k - 1])
+      # x_k being written; kept only if a later layer saves it
+      running = _input_and_output(chain, buffers, l, k, saved, chain.act_bytes[k])
+      if (k - 1 == l or saved) and r == n and buffers.start[k - 1].relaid_inputs:
+        running.append((buffers.start[k - 1].relaid_inputs, k - 1))  # a relaid copy besides
+      live = [b for b in (*held, *seg, *running, *start.forward(k)) if b[0] > 0]
       peak = max(peak, _unhosted_bytes(live, grads, written_from=n + 1))
   return peak
+
+
+def _input_and_output(chain: Chain, buffers: Buffers, l: int, k: int, input_saved: bool,
+                      output: int) -> list[tuple[int, int]]:
+  """Layer ``k``'s input ``x_{k-1}`` and its output (``output`` bytes) while its forward
+  runs in a segment starting at ``l``: the input where neither held (``k - 1 == l``) nor
+  saved; an elementwise layer writes its output over its input."""
+  if k - 1 > l and not input_saved:
+    if buffers.elementwise and buffers.elementwise[k - 1]:
+      return [(max(output, chain.act_bytes[k - 1]), k - 1)]
+    return [(chain.act_bytes[k - 1], k - 1), (output, k)]
+  return [(output, k)]
 
 
 def _recompute_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffers, grads) -> int:
@@ -111,15 +119,10 @@ def _recompute_peak(chain: Chain, buffers: Buffers, segments, start: _StartBuffe
     seg: list[tuple[int, int]] = []
     for k in range(l + 1, r + 1):
       seg += _saved(buffers, l, k)
-      output = [(chain.act_bytes[k], k)] if k < r else []  # x_r is not recomputed
-      operand = []
-      if k - 1 > l and not buffers.inputs[k - 1]:  # the input, not held or saved
-        if buffers.elementwise and buffers.elementwise[k - 1]:  # written over by its output
-          output = [(max(chain.act_bytes[k] if k < r else 0, chain.act_bytes[k - 1]), k - 1)]
-        else:
-          operand = [(chain.act_bytes[k - 1], k - 1)]
+      output = chain.act_bytes[k] if k < r else 0  # x_r is not recomputed
+      running = _input_and_output(chain, buffers, l, k, bool(buffers.inputs[k - 1]), output)
       waiting = (chain.cot_bytes[r], r - 1)
-      live = [b for b in (*held, *seg, *operand, *output, waiting, *start.recompute(k, l, r)) if b[0] > 0]
+      live = [b for b in (*held, *seg, *running, waiting, *start.recompute(k, l, r)) if b[0] > 0]
       peak = max(peak, _unhosted_bytes(live, grads, written_from=r + 1))
   return peak
 
