@@ -171,11 +171,7 @@ def _window_constants(eqns, varying: set) -> dict[tuple, int]:
   of each forward ``reduce_window_sum`` (an average pool) reads in full: those of the
   elementwise ops fused with it, feeding it through values used once (a ReLU's zeros)
   or fed by it (the division by the window size)."""
-  producer, consumers = {}, {}
-  for k, (_, ins, outs, _) in enumerate(eqns):
-    producer.update((v, k) for v in outs)
-    for v in _vars(ins):
-      consumers.setdefault(v, []).append(k)
+  producer, consumers = _dataflow(eqns)
   constants = {}
 
   def elementwise(k: int) -> bool:
@@ -279,12 +275,8 @@ def library_fusions(step_jaxpr, n_cotangents: int) -> LibraryFusions:
   jaxpr = getattr(step_jaxpr, "jaxpr", step_jaxpr)
   eqns, renaming = _compat.inlined_eqns(jaxpr)
   cotangent = set(jaxpr.invars[len(jaxpr.invars) - n_cotangents:])
-  producer = {}
-  consumers: dict = {}
-  for k, (name, ins, outs, _) in enumerate(eqns):
-    producer.update((v, k) for v in outs)
-    for v in _vars(ins):
-      consumers.setdefault(v, []).append(k)
+  producer, consumers = _dataflow(eqns)
+  for _, ins, outs, _ in eqns:
     if any(v in cotangent for v in _vars(ins)):
       cotangent.update(outs)
 
@@ -347,6 +339,17 @@ def library_fusions(step_jaxpr, n_cotangents: int) -> LibraryFusions:
       (k, j, eqn.primitive.name) for k, eqn in enumerate(jaxpr.eqns) for j, v in enumerate(eqn.outvars)
       if renaming.get(v, v) in whole)
   return LibraryFusions(tuple(broadcasts.values()), positions)
+
+
+def _dataflow(eqns) -> tuple[dict, dict]:
+  """For ``_compat.inlined_eqns`` equations: the index of the equation producing each
+  value, and the indices of those reading it."""
+  producer, consumers = {}, {}
+  for k, (_, ins, outs, _) in enumerate(eqns):
+    producer.update((v, k) for v in outs)
+    for v in _vars(ins):
+      consumers.setdefault(v, []).append(k)
+  return producer, consumers
 
 
 def _vars(atoms) -> list:
