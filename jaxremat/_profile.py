@@ -39,6 +39,8 @@ class Buffers:
       (``_xla_gpu.pool_buffers``, ``until_backward`` only); empty on other backends.
     elementwise: per layer, whether its every operation is elementwise and fusible (a
       ReLU): XLA then writes its input cotangent over its output cotangent (one buffer).
+    saves_output: per layer, whether its residuals include its output ``x_i`` (then
+      counted as its residual, and as the next layer's input nowhere else).
   """
 
   residuals: tuple[tuple[int, ...], ...]
@@ -46,6 +48,7 @@ class Buffers:
   param_grads: tuple[tuple[int, ...], ...]
   start: tuple[_xla_cpu.StartBuffers, ...] = ()
   elementwise: tuple[bool, ...] = ()
+  saves_output: tuple[bool, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +122,8 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
       inputs=tuple(tuple(_compat.aval_bytes(v.aval) for v in s) for s in saved_inputs),
       param_grads=tuple(param_grads),
       start=start,
-      elementwise=tuple(_elementwise(layer) for layer in layers))
+      elementwise=tuple(_elementwise(layer) for layer in layers),
+      saves_output=tuple(bool(r.own_output_vars) for r in residuals))
   if calibrate:
     for i, layer in enumerate(layers):
       inputs = first_inputs if i == 0 else layer.inputs

@@ -57,7 +57,7 @@ def per_device_profile(traced: TracedChain, prof: Profile, flat_inputs: Sequence
     mine = [v for v in layer.invariants if v in leaf and v not in seen and _compat.is_float(v.aval)]
     seen.update(mine)
     grads.append(tuple(device_bytes(leaf[v]) for v in mine))
-  buffers = Buffers(
+  buffers = dataclasses.replace(prof.buffers,  # elementwise and saves_output as they are
       residuals=tuple(tuple(scale(b, res_f[i]) for b in r)
                       for i, r in enumerate(prof.buffers.residuals)),
       inputs=tuple(tuple(scale(b, act_f[i]) for b in r) for i, r in enumerate(prof.buffers.inputs)),
@@ -68,6 +68,7 @@ def per_device_profile(traced: TracedChain, prof: Profile, flat_inputs: Sequence
                               window_constants=tuple((key, scale(b, res_f[i]))
                                                      for key, b in st.window_constants),
                               pooled_operands=scale(st.pooled_operands, res_f[i]),
+                              argmax_values=scale(st.argmax_values, res_f[i]),
                               relaid_inputs=scale(st.relaid_inputs, act_f[i]),
                               batch_copy=scale(st.batch_copy, act_f[i]))
           for i, st in enumerate(prof.buffers.start)))

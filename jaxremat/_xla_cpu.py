@@ -84,6 +84,10 @@ class StartBuffers:
     batch_copy: bytes of the relaid-out copy of a convolved batch, live until the
       layer's backward; when the layer is recomputed, the recompute makes it (it reads
       the batch through the recompute's optimization barrier) and it lives from there.
+    argmax_values: bytes of the values each argmax reduce-window writes besides its
+      indices (the pooled output once more), live only while it runs: in the layer's
+      forward pass, or its recompute when the plan recomputes it (not in
+      ``total_bytes``).
     relaid_inputs: bytes of the layer's input that a convolution reads for its kernel
       gradient in another layout: the copy is made in the forward pass and kept for the
       backward in place of the input, so while the layer's forward runs both are live
@@ -96,6 +100,7 @@ class StartBuffers:
   relaid_cotangents: int = 0
   swapped_kernels: tuple[int, ...] = ()
   pooled_operands: int = 0
+  argmax_values: int = 0
   relaid_inputs: int = 0
   window_constants: tuple[tuple[tuple, int], ...] = ()
   batch_copy: int = 0
@@ -121,6 +126,7 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   indices: dict[tuple[int, ...], int] = {}
   invars = set(jaxpr.invars)
   pooled = set()
+  argmax_values = 0
   eqns = _compat.inlined_eqns(jaxpr)[0]
   for name, ins, outs, params in eqns:
     if name not in _compat.POOL_GRADIENT_PRIMITIVES:  # expanded into iotas, argmax, scatter
@@ -129,7 +135,9 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
     shape = tuple(int(d) + lo + hi for d, (lo, hi) in zip(operand.shape, params["padding"]))
     until_backward += _compat.aval_bytes(operand.update(shape=shape))
     indices[shape] = len(shape) * int(np.prod(shape, dtype=np.int64)) * _compat.INDEX_BYTES
-    if ins[1] not in invars:  # (source, operand): an operand the layer computes
+    # (source, operand): the argmax writes the source's shape in the operand's dtype
+    argmax_values += _compat.aval_bytes(ins[0].aval.update(dtype=ins[1].aval.dtype))
+    if ins[1] not in invars:  # an operand the layer computes
       pooled.add(ins[1])
   batch_vars = {v for v, flag in zip(jaxpr.invars, batch) if flag}
   copied = {eqn.invars[0] for eqn in jaxpr.eqns
@@ -161,7 +169,7 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
   return StartBuffers(
       until_backward=until_backward, kernels=tuple(kernels), indices=tuple(indices.items()),
       relaid_cotangents=relaid, swapped_kernels=tuple(swapped),
-      pooled_operands=sum(_compat.aval_bytes(v.aval) for v in pooled),
+      pooled_operands=sum(_compat.aval_bytes(v.aval) for v in pooled), argmax_values=argmax_values,
       relaid_inputs=sum(_compat.aval_bytes(v.aval) for v in relaid_inputs),
       window_constants=tuple(_window_constants(eqns, varying).items()), batch_copy=batch_copy)
 

@@ -94,9 +94,10 @@ def test_estimate_walks_start_buffers_through_forward_and_backward():
   # + g_2 waiting for the segment's backward (2) + Z + I = 6212; backward at layer 2:
   # 200 + g_2 + g_1 + I = 5203 (the zeros became g_1).
   assert estimate_temp_bytes(chain, buffers, Plan((2,))) == 6212
-  # Without start buffers the estimate is model R's backward walk.
+  # Without start buffers: model R's backward at layer 3 holds 300 + g_3 + g_2 = 305,
+  # but the forward at layer 3 holds the 300 residuals + x_2 (20) + x_3 (30) = 350.
   plain_chain, plain = _toy(())
-  assert estimate_temp_bytes(plain_chain, plain, Plan(())) == 305  # 300 + g_3 + g_2
+  assert estimate_temp_bytes(plain_chain, plain, Plan(())) == 350
 
 
 def test_iotas_of_one_shape_are_one_buffer():
@@ -173,6 +174,20 @@ def test_a_pool_after_a_relu_in_one_layer_holds_the_relu_output_in_its_forward()
   # The second layer pools a ReLU it computes: (4, 16, 16, 8) f32, written for the
   # argmax; the fourth pools its own input, already a buffer.
   assert [s.pooled_operands for s in r.buffers.start] == [0, 4 * 16 * 16 * 8 * 4, 0, 0]
+
+
+@cpu_only
+def test_an_argmax_writes_the_pooled_values_besides_its_indices():
+  """The oracle is XLA's optimized HLO: each pool's argmax is a reduce-window whose
+  outputs are the pooled values (f32, the pool's output shape) and four s32 indices."""
+  model = nn.Sequential([nn.Conv(8, (3, 3)), lambda x: pool(nn.relu(x)), nn.Conv(8, (3, 3)), pool])
+  x = jnp.ones((4, 16, 16, 3))
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x, layer_depth=1)
+  hlo = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(p, x) ** 2))).lower(params).compile().as_text()
+  for shape in ("4,8,8,8", "4,4,4,8"):
+    assert f"(f32[{shape}]{{3,2,1,0}}, " + ", ".join([f"s32[{shape}]{{3,2,1,0}}"] * 4) + ") reduce-window(" in hlo
+  assert [s.argmax_values for s in r.buffers.start] == [0, 4 * 8 * 8 * 8 * 4, 0, 4 * 4 * 4 * 8 * 4]
 
 
 def test_forward_holds_an_input_neither_held_nor_saved():

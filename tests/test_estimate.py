@@ -1,0 +1,61 @@
+"""The estimate's buffer assignment: XLA's rule for placing buffers in gradient buffers."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxremat
+from jaxremat import zoo
+from jaxremat._chain import Chain, Plan
+from jaxremat._estimate import _hosted, estimate_temp_bytes
+from jaxremat._profile import Buffers
+from jaxremat.solvers import uniform_plan
+
+cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU buffer assignment")
+
+
+def test_a_buffer_keeps_one_gradient_buffer_for_its_whole_life():
+  """One gradient buffer G = 100, written at step 5. A (90) is live at steps 0-2, B (100)
+  at step 2, D (110, larger than G) at step 0. Worked by hand from XLA's BufferAssigner:
+  B, the largest that fits, takes G; A overlaps B, so it is temp for all its life, and
+  step 0 holds A + D = 200. (Placing anew at each step would give 110.)"""
+  steps = [[(90, "A"), (110, "D")], [(90, "A")], [(90, "A"), (100, "B")]]
+  assert _hosted(steps, [(100, 5)]) == 200
+  # Without B, A takes G for steps 0-2; D is then alone in temp.
+  assert _hosted([[(90, "A"), (110, "D")], [(90, "A")], [(90, "A")]], [(100, 5)]) == 110
+
+
+def test_a_gradient_buffer_hosts_nothing_at_or_after_its_write():
+  """G is written at step 2: A, live at steps 0-2, cannot use it; C (live 0-1) can."""
+  assert _hosted([[(90, "A")], [(90, "A")], [(90, "A")]], [(100, 2)]) == 90
+  assert _hosted([[(90, "A"), (60, "C")], [(90, "A"), (60, "C")], [(90, "A")]], [(100, 2)]) == 90
+  # Each buffer goes to the smallest gradient buffer it fits: A to H (95), C to G.
+  assert _hosted([[(90, "A"), (60, "C")], [(90, "A"), (60, "C")]], [(100, 9), (95, 9)]) == 0
+
+
+def test_a_saved_output_is_counted_once_as_a_residual():
+  """Layer 2 (elementwise, a ReLU) saves its output x_2 (20) as its residual, which layer 3
+  reads as its input. No remat, no gradients to host. Forward at layer 3: residuals of
+  layers 1-3 (100 + 20 + 100) + x_3 (30) = 250; x_2 is that residual, not a second
+  buffer (270 if it were). Forward at layer 2: 100 + 20 (written over x_1) = 120; the
+  backward at layer 3: 220 + g_3 + g_2 = 225."""
+  chain = Chain(act_bytes=[0, 10, 20, 30], res_bytes=[100, 20, 100], cot_bytes=[0, 1, 2, 3])
+  buffers = Buffers(residuals=((100,), (20,), (100,)), inputs=((), (), ()),
+                    param_grads=((), (), ()), elementwise=(False, True, False),
+                    saves_output=(False, True, False))
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 250
+
+
+@cpu_only
+@pytest.mark.parametrize("checkpoint_every", [None, 2])
+def test_an_uneven_mlp_is_estimated_within_half_a_percent_of_xla(checkpoint_every):
+  """The oracle is XLA's compiled statistics. Buffers placed anew at each step made
+  no remat 0.7% low and checkpoints every 2 layers 1.6% high on the benchmark's MLP."""
+  model = zoo.mlp((512, 1024, 256, 2048, 128, 512, 10))
+  x = jax.random.normal(jax.random.key(1), (256, 300))
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x)
+  plan = jaxremat.Plan(()) if checkpoint_every is None else uniform_plan(r.chain.n, checkpoint_every)
+  fn = jaxremat.apply(model.apply, params, x, plan=plan).fn
+  measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(fn(p, b))), params, x).total_bytes
+  assert abs(r.predict_total_bytes(plan) / measured - 1) < 0.005
