@@ -61,7 +61,7 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
                     *start.backward(i, l)])
   grads = start.free_gradients(
       [(size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1]])
-  return _hosted(steps, [(size, written[j]) for size, j in grads])
+  return _hosted(steps, [(size, written[j], j) for size, j in grads])
 
 
 def _saved(buffers: Buffers, l: int, i: int, phase: Hashable) -> Live:
@@ -159,6 +159,10 @@ class _StartBuffers:
     # Kernel copies made at the start, each in its own gradient's buffer.
     self.kernels = [(size, j) for j, s in enumerate(start, start=1) if not recomputed[j]
                     for size in s.kernels]
+    # Kernel copies a recompute makes (from the kernel its optimization barrier passes
+    # on, when it starts) for a layer's backward: (bytes, identity, layer).
+    self.recomputed_kernels = [(size, ("kernel", j, m), j) for j, s in enumerate(start, start=1)
+                               if recomputed[j] for m, size in enumerate(s.kernels)]
     # Per iota (one per dimension of a shape; equal shapes share them): its bytes, its
     # identity and the layers that use it, each with whether it runs again in the
     # backward.
@@ -220,6 +224,7 @@ class _StartBuffers:
              if j <= k and end == r]
     live += [(size, ("recompute", key)) for size, key, j in (*self.swapped, *self.constants)
              if j == k]
+    live += [(size, key) for size, key, j in self.recomputed_kernels if l < j <= r]
     live += [(self.pooled[k - 1], ("pooled", k, ("recompute", l))),
              (self.argmax[k - 1], ("argmax", k, ("recompute", l)))]
     live += [(size, key) for size, key, uses in self.indices
@@ -235,19 +240,21 @@ class _StartBuffers:
     live: Live = [(size, ("start", j)) for size, j in self.until_backward if j < i]
     live += [(size, ("batch copy", j)) for size, j, end in self.recomputed_copies
              if j <= i <= end]
+    live += [(size, key) for size, key, j in self.recomputed_kernels if l < j <= i]
     live += [(size, key) for size, key, uses in self.indices
              if any(again and j <= l for j, again in uses)]
     return live
 
 
-def _hosted(steps: list[Live], grads: list[tuple[int, int]]) -> int:
+def _hosted(steps: list[Live], grads: list[tuple[int, int, int]]) -> int:
   """Peak temp bytes over ``steps`` once XLA's buffer assignment has placed buffers in
-  gradient buffers ``grads`` (bytes, step from which the gradient is written).
+  gradient buffers ``grads`` (bytes, step from which the gradient is written, layer).
 
   As XLA's ``BufferAssigner`` does for buffers that share an allocation with an output:
   buffers are taken largest first (then in post-order of their definitions), each into
   the smallest gradient buffer it fits whose buffers so far are live at other steps
-  only. A buffer is one identity, live from the first to the last step it appears in,
+  only; a layer's kernel copy, read where the layer's gradient is written, may end in
+  that gradient's buffer. A buffer is one identity, live from the first to the last step it appears in,
   at its largest size there. A start buffer depends on nothing, so the post-order puts
   it just before its reader: at its last step.
   """
@@ -267,7 +274,7 @@ def _hosted(steps: list[Live], grads: list[tuple[int, int]]) -> int:
         size[key] = nbytes
   order = sorted(grads)
   sizes = [g[0] for g in order]
-  busy = [[(written, len(steps))] for _, written in order]  # steps each gradient buffer is taken
+  busy = [[(written, len(steps))] for _, written, _ in order]  # steps each gradient buffer is taken
 
   def made(key) -> int:  # where XLA's post-order puts the buffer's definition
     return last[key] if key[0] in _START_KINDS else first[key]
@@ -275,8 +282,10 @@ def _hosted(steps: list[Live], grads: list[tuple[int, int]]) -> int:
   temp = [0] * (len(steps) + 1)  # differences of the temp bytes from step to step
   for key in sorted(size, key=lambda key: (-size[key], made(key))):
     a, b = first[key], last[key]
+    own = key[1] if key[0] == "kernel" else None  # a copy its layer's gradient may take over
     for g in range(bisect.bisect_left(sizes, size[key]), len(order)):
-      if all(b < c or d < a for c, d in busy[g]):
+      if all(b < c or d < a or (own == order[g][2] and b == c == order[g][1])
+             for c, d in busy[g]):
         busy[g].append((a, b))
         break
     else:

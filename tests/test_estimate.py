@@ -9,6 +9,7 @@ from jaxremat import zoo
 from jaxremat._chain import Chain, Plan
 from jaxremat._estimate import _hosted, estimate_temp_bytes
 from jaxremat._profile import Buffers
+from jaxremat._xla_cpu import StartBuffers
 from jaxremat.solvers import uniform_plan
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU buffer assignment")
@@ -20,17 +21,17 @@ def test_a_buffer_keeps_one_gradient_buffer_for_its_whole_life():
   B, the largest that fits, takes G; A overlaps B, so it is temp for all its life, and
   step 0 holds A + D = 200. (Placing anew at each step would give 110.)"""
   steps = [[(90, "A"), (110, "D")], [(90, "A")], [(90, "A"), (100, "B")]]
-  assert _hosted(steps, [(100, 5)]) == 200
+  assert _hosted(steps, [(100, 5, 1)]) == 200
   # Without B, A takes G for steps 0-2; D is then alone in temp.
-  assert _hosted([[(90, "A"), (110, "D")], [(90, "A")], [(90, "A")]], [(100, 5)]) == 110
+  assert _hosted([[(90, "A"), (110, "D")], [(90, "A")], [(90, "A")]], [(100, 5, 1)]) == 110
 
 
 def test_a_gradient_buffer_hosts_nothing_at_or_after_its_write():
   """G is written at step 2: A, live at steps 0-2, cannot use it; C (live 0-1) can."""
-  assert _hosted([[(90, "A")], [(90, "A")], [(90, "A")]], [(100, 2)]) == 90
-  assert _hosted([[(90, "A"), (60, "C")], [(90, "A"), (60, "C")], [(90, "A")]], [(100, 2)]) == 90
+  assert _hosted([[(90, "A")], [(90, "A")], [(90, "A")]], [(100, 2, 1)]) == 90
+  assert _hosted([[(90, "A"), (60, "C")], [(90, "A"), (60, "C")], [(90, "A")]], [(100, 2, 1)]) == 90
   # Each buffer goes to the smallest gradient buffer it fits: A to H (95), C to G.
-  assert _hosted([[(90, "A"), (60, "C")], [(90, "A"), (60, "C")]], [(100, 9), (95, 9)]) == 0
+  assert _hosted([[(90, "A"), (60, "C")], [(90, "A"), (60, "C")]], [(100, 9, 1), (95, 9, 2)]) == 0
 
 
 def test_a_saved_output_is_counted_once_as_a_residual():
@@ -44,6 +45,28 @@ def test_a_saved_output_is_counted_once_as_a_residual():
                     param_grads=((), (), ()), elementwise=(False, True, False),
                     saves_output=(False, True, False))
   assert estimate_temp_bytes(chain, buffers, Plan(())) == 250
+
+
+def test_a_recomputed_layers_kernel_copy_lives_from_its_recompute_to_its_backward():
+  """Layers 1-2 recomputed; layer 2's backward reads a kernel copy K = 50 that its
+  recompute makes when it starts. Steps: forward 1-3, backward 3, recompute 1-2,
+  backward 2, backward 1. Without a gradient buffer for K, the backward at layer 2 holds
+  residuals of 1-2 (200) + g_2 (62) + g_1 (61) + K = 373. Every other buffer is larger
+  than 50, so only K can use a 50-byte gradient buffer."""
+  chain = Chain(act_bytes=[0, 60, 70, 80], res_bytes=[100, 100, 100], cot_bytes=[0, 61, 62, 63])
+
+  def buffers(param_grads):
+    return Buffers(residuals=((100,), (100,), (100,)), inputs=((), (), ()),
+                   param_grads=param_grads,
+                   start=(StartBuffers(), StartBuffers(kernels=(50,)), StartBuffers()))
+
+  assert estimate_temp_bytes(chain, buffers(((), (), ())), Plan((2,))) == 373
+  # Layer 2's own gradient takes K over where it is written, from K's last reader: 323.
+  assert estimate_temp_bytes(chain, buffers(((), (50,), ())), Plan((2,))) == 323
+  # Layer 3's gradient is written before the recompute: no room for K.
+  assert estimate_temp_bytes(chain, buffers(((), (), (50,))), Plan((2,))) == 373
+  # Layer 1's is written after layer 2's backward: K fits there.
+  assert estimate_temp_bytes(chain, buffers(((50,), (), ())), Plan((2,))) == 323
 
 
 @cpu_only
