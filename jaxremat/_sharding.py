@@ -18,7 +18,7 @@ import jax
 
 from jaxremat import _compat, _profile
 from jaxremat._chain import Chain
-from jaxremat._profile import Buffers, Profile
+from jaxremat._profile import Profile
 from jaxremat._trace import TracedChain
 
 

@@ -35,9 +35,10 @@ workspace ``w_i``, not a start buffer).
 The reversed kernel a convolution's input gradient convolves with (``rev`` of a
 parameter in the jaxpr) depends on parameters only too: it is made when the step starts
 and lives until the layer's backward, unless the layer is recomputed (then it reads the
-parameter through the recompute's optimization barrier and is made in the backward).
-XLA places it in the kernel's own gradient buffer, written once the copy is read: it
-costs no temp bytes, but that buffer cannot hold anything else until then.
+parameter through the recompute's optimization barrier and is made when the recompute
+starts). XLA mostly places it in the kernel's own gradient buffer, written once the
+copy is read: it then costs no temp bytes, but that buffer holds nothing else until
+then.
 
 A forward convolution whose kernel covers more of the input than the input itself (a
 3x3 kernel over a 2x2 or 1x1 feature map) has its operands swapped by XLA's simplifier:
@@ -68,9 +69,11 @@ class StartBuffers:
     until_backward: bytes live until the layer's backward: the zero-filled scatter
       targets.
     kernels: bytes of each reversed kernel: in its gradient's buffer from the start
-      until the layer's backward when the layer is not recomputed.
-    indices: ``(shape, bytes)`` of each iota, live until the layer's last forward
-      computation (its recompute, if the plan recomputes it); equal shapes share a buffer.
+      until the layer's backward when the layer is not recomputed; when it is, made when
+      its recompute starts and live until its backward.
+    indices: ``(shape, bytes)`` of each shape's iotas (one per dimension), live until
+      the layer's last forward computation (its recompute, if the plan recomputes it);
+      equal shapes share them.
     relaid_cotangents: bytes of the largest cotangent copy a kernel gradient reads (one
       is live at a time during the layer's backward; workspace, not in ``total_bytes``).
     swapped_kernels: bytes of each reversed kernel a forward convolution with swapped
