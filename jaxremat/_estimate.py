@@ -215,10 +215,11 @@ class _StartBuffers:
 
   def recompute(self, k: int, l: int, r: int) -> Live:
     """Live while layer ``k`` of segment ``(l, r]`` is recomputed: buffers kept until the
-    backward of a layer up to ``r``, the batch copy once its layer is recomputed, iotas a
-    recompute still to come needs, and the copies layer ``k``'s recompute makes for
-    itself (a swapped kernel, an average pool's constants) with the operand it pools and
-    its argmax's values."""
+    backward of a layer up to ``r``, the batch copy once its layer is recomputed, the
+    segment's kernel copies (made when the recompute starts), iotas a recompute still to
+    come needs, and the copies layer ``k``'s recompute makes for itself (a swapped
+    kernel, an average pool's constants) with the operand it pools and its argmax's
+    values."""
     live: Live = [(size, ("start", j)) for size, j in self.until_backward if j <= r]
     live += [(size, ("batch copy", j)) for size, j, end in self.recomputed_copies
              if j <= k and end == r]
@@ -234,9 +235,9 @@ class _StartBuffers:
   def backward(self, i: int, l: int) -> Live:
     """Live while layer ``i``'s backward runs in a segment starting at ``l``: buffers
     kept until the backward of a layer before ``i`` (layer ``i``'s zeros became its
-    input cotangent), batch copies a recompute of ``i``'s segment made for layer ``i``
-    or an earlier one, and iotas a recompute still to come (of a layer up to ``l``)
-    needs."""
+    input cotangent), batch copies and kernel copies a recompute of ``i``'s segment made
+    for layer ``i`` or an earlier one, and iotas a recompute still to come (of a layer
+    up to ``l``) needs."""
     live: Live = [(size, ("start", j)) for size, j in self.until_backward if j < i]
     live += [(size, ("batch copy", j)) for size, j, end in self.recomputed_copies
              if j <= i <= end]
@@ -254,9 +255,9 @@ def _hosted(steps: list[Live], grads: list[tuple[int, int, int]]) -> int:
   buffers are taken largest first (then in post-order of their definitions), each into
   the smallest gradient buffer it fits whose buffers so far are live at other steps
   only; a layer's kernel copy, read where the layer's gradient is written, may end in
-  that gradient's buffer. A buffer is one identity, live from the first to the last step it appears in,
-  at its largest size there. A start buffer depends on nothing, so the post-order puts
-  it just before its reader: at its last step.
+  that gradient's buffer. A buffer is one identity, live from the first to the last step
+  it appears in, at its largest size there. A start buffer depends on nothing, so the
+  post-order puts it just before its reader: at its last step.
   """
   first: dict[Hashable, int] = {}
   last: dict[Hashable, int] = {}
