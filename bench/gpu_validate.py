@@ -247,7 +247,7 @@ def to_markdown(results: list) -> str:
       lines.append(f"| {row['model']} | {row['strategy']} | {mib(pred)} | {mib(comp)} | - | {err} | - | - |")
       continue
     if "error" in row:
-      lines.append(f"| {row['model']} | {row['strategy']} | error: {row['error'].splitlines()[-1][:80] if row['error'] else ''} |||||| ")
+      lines.append(f"| {row['model']} | {row.get('strategy', 'all')} | error: {row['error'].splitlines()[-1][:80] if row['error'] else ''} |||||| ")
       continue
     pred, comp = row.get("predicted_bytes"), row.get("compiled_bytes")
     err = f"{100 * (pred - comp) / comp:+.1f}%" if pred else "-"

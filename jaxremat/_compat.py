@@ -24,8 +24,8 @@ WRAPPER_PRIMITIVES = CALL_PRIMITIVES | {"custom_jvp_call"}
 FUSIBLE_PRIMITIVES = frozenset({
     "abs", "add", "and", "broadcast_in_dim", "convert_element_type", "div", "eq", "exp",
     "expand_dims", "ge", "gt", "integer_pow", "le", "log", "logistic", "lt", "max", "min", "mul",
-    "ne", "neg", "not", "or", "reshape", "rsqrt", "select_n", "sign", "sqrt", "square",
-    "squeeze", "sub", "tanh",
+    "ne", "neg", "not", "one_minus_square", "or", "reshape", "rsqrt", "select_n", "sign", "sqrt",
+    "square", "squeeze", "sub", "tanh",
 })
 
 
