@@ -262,6 +262,8 @@ def main() -> int:
   parser.add_argument("--budget-seconds", type=float, default=540.0)
   parser.add_argument("--worker")
   parser.add_argument("--only", help="run just these models (comma-separated names from models())")
+  parser.add_argument("--strategies", help="run just these strategies (comma-separated, of "
+                      f"{', '.join(STRATEGIES)}, xla-remat-1.0)")
   parser.add_argument("--calibrate", action="store_true", help="also record calibrated predictions")
   parser.add_argument("--compile-only", action="store_true",
                       help="XLA compiled footprints only: one process per model, nothing run")
@@ -307,6 +309,8 @@ def main() -> int:
         run_one({"builder": builder, "shape": shape, "dtype": dtype, "kwargs": kwargs,
                  "strategy": strategy}, timeout=120, autotune_cache=cache)
     for strategy in (*STRATEGIES, *(f"xla-remat-{f}" for f in XLA_REMAT_FRACTIONS)):
+      if args.strategies and strategy not in args.strategies.split(","):
+        continue
       left = args.budget_seconds - (time.time() - start)
       if left < 20:
         results.append({"model": name, "strategy": strategy, "error": "skipped: time budget spent"})
