@@ -49,7 +49,7 @@ def main() -> int:
   specs = {**models(quick=False), **EARLIER}
   lines = ["| model | strategy | predicted MiB (GPU model) | XLA compiled MiB (GPU) | error |", "|---|---|---|---|---|"]
   errors = []
-  plans = ["| model | plan apply picks with this profile (not yet compiled on a GPU) | predicted MiB |",
+  plans = ["| model | plan apply picks here with this profile (on a GPU, ties may break otherwise) | predicted MiB |",
            "|---|---|---|"]  # not compiled here
   for name in dict.fromkeys(row["model"] for row in recorded["results"]):
     if name not in specs or (args.models and name not in args.models.split(",")):
