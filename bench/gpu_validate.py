@@ -27,6 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STRATEGIES = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "refined")
 XLA_REMAT_FRACTIONS = (1.0,)  # XLA limit as a multiple of jaxremat's optimal footprint
+RUN_STRATEGIES = (*STRATEGIES, *(f"xla-remat-{f}" for f in XLA_REMAT_FRACTIONS))
 
 
 def models(quick: bool) -> dict:
@@ -263,7 +264,7 @@ def main() -> int:
   parser.add_argument("--worker")
   parser.add_argument("--only", help="run just these models (comma-separated names from models())")
   parser.add_argument("--strategies", help="run just these strategies (comma-separated, of "
-                      f"{', '.join(STRATEGIES)}, xla-remat-1.0)")
+                      f"{', '.join(RUN_STRATEGIES)}; xla-remat needs optimal or refined too)")
   parser.add_argument("--calibrate", action="store_true", help="also record calibrated predictions")
   parser.add_argument("--compile-only", action="store_true",
                       help="XLA compiled footprints only: one process per model, nothing run")
@@ -276,6 +277,13 @@ def main() -> int:
     return 0
   if not args.outdir:
     parser.error("OUTDIR is required")
+  chosen = args.strategies.split(",") if args.strategies else RUN_STRATEGIES
+  if args.strategies and args.compile_only:
+    parser.error("--strategies selects the processes of a run; --compile-only compiles every strategy")
+  if unknown := [c for c in chosen if c not in RUN_STRATEGIES]:
+    parser.error(f"unknown strategies {unknown}: expected some of {', '.join(RUN_STRATEGIES)}")
+  if any(c.startswith("xla-remat") for c in chosen) and not {"optimal", "refined"} & set(chosen):
+    parser.error("xla-remat's memory limit is jaxremat's footprint: add optimal or refined to --strategies")
   os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process must not hold the GPU
   os.makedirs(args.outdir, exist_ok=True)
   start = time.time()
@@ -308,8 +316,8 @@ def main() -> int:
           break
         run_one({"builder": builder, "shape": shape, "dtype": dtype, "kwargs": kwargs,
                  "strategy": strategy}, timeout=120, autotune_cache=cache)
-    for strategy in (*STRATEGIES, *(f"xla-remat-{f}" for f in XLA_REMAT_FRACTIONS)):
-      if args.strategies and strategy not in args.strategies.split(","):
+    for strategy in RUN_STRATEGIES:
+      if strategy not in chosen:
         continue
       left = args.budget_seconds - (time.time() - start)
       if left < 20:
