@@ -271,12 +271,8 @@ def apply(
                                          model_kwargs), params, batch).total_bytes)
   elif plan is None:
     plan = solve(chain, method)
-    if method == "optimal":
-      if chain.n <= _TIE_BREAK_MAX_LAYERS:
-        least_recompute = solve(chain, "budget", budget_bytes=peak_bytes(chain, plan))
-        plan = Plan(least_recompute.checkpoints, method="optimal")
-      if refine:
-        plan = refine_plan(chain, prof.buffers, plan)
+    if method == "optimal" and refine:
+      plan = refine_plan(chain, prof.buffers, plan)
   else:
     validate_plan(plan, chain.n)
   seconds = time.perf_counter() - start
@@ -325,7 +321,6 @@ def _scalar_loss(fn: Callable[..., Any], model_kwargs: dict[str, Any]) -> Callab
   return loss
 
 
-_TIE_BREAK_MAX_LAYERS = 20_000  # the least-recompute tie-break is O(n log n) solves
 _MODEL_A_MAX_LAYERS = 1_000  # model A's O(n^3) program: 33 ms at n = 1,000
 
 

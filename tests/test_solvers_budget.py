@@ -14,7 +14,8 @@ from jaxremat import (Chain, JaxrematError, Plan, UnknownMethodError, peak_bytes
                       recompute_flops, solve)
 from jaxremat._errors import InfeasibleBudgetError, InvalidBudgetError
 from jaxremat.solvers import BUDGET_SOLVERS, SOLVERS, pareto
-from jaxremat.solvers._budget import least_last_checkpoint, least_peak_plan
+from jaxremat.solvers._budget import least_last_checkpoint
+from jaxremat.solvers._optimal import least_peak_plan
 
 from oracles import all_plans, literal_peak_of  # noqa: E402
 from oracles import random_chain as oracle_random_chain  # noqa: E402

@@ -47,7 +47,8 @@ def solve(chain: Chain, method: str = "optimal", *,
     chain: the per-layer byte counts (see ``jaxremat.Chain``).
     method: one of ``jaxremat.solvers.SOLVERS`` or ``BUDGET_SOLVERS``:
 
-      - model R (``peak_bytes``): ``"optimal"`` (exact minimum, O(n)),
+      - model R (``peak_bytes``): ``"optimal"`` (exact minimum, and among plans of
+        that peak the one recomputing least; O(n log n): O(n) solves of a binary search),
         ``"quadratic"`` (the same optimum by the O(n^2) recurrence), ``"brute"``
         (exhaustive, n <= 20);
       - model A (``cost_a``, Hong et al.'s first model): ``"dp"`` (exact,

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import bisect
 import math
 import numbers
 import operator
 
 from jaxremat._chain import Chain, Plan, peak_bytes
 from jaxremat._errors import InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError
-from jaxremat.solvers._optimal import solve_optimal
+from jaxremat.solvers._optimal import least_peak_checkpoints, least_recompute_checkpoints
 from jaxremat.solvers._terms import terms
 
 
@@ -31,42 +30,6 @@ def budget_as_int(budget_bytes: object) -> int | None:
     raise InvalidBudgetError(
         f"budget_bytes must be a number of bytes or +inf, got {budget_bytes!r}.")
   return None if value == math.inf else math.floor(value)
-
-
-def prefix_flops(chain: Chain) -> list[int]:
-  """``prefix[L] = f_1 + ... + f_L`` (FLOPs), what a plan with last checkpoint ``L`` recomputes."""
-  prefix = [0] * (chain.n + 1)
-  for i, f in enumerate(chain.flops, start=1):
-    prefix[i] = prefix[i - 1] + f
-  return prefix
-
-
-def least_peak_plan(chain: Chain, last: int, *,
-                    no_checkpoint_peak: int | None = None) -> tuple[int, ...]:
-  """Checkpoints of least ``peak_bytes`` among the plans whose checkpoints are all ``<= last``.
-
-  Keeping ``x_r`` for ``r > last`` is made never worth it by giving it more bytes than
-  the plan without checkpoints peaks at (a kept ``x_r`` is live in every later segment),
-  and the exact O(n) solver does the rest: O(n).
-
-  Args:
-    chain: the per-layer byte counts.
-    last: the largest checkpoint allowed (0: none).
-    no_checkpoint_peak: ``peak_bytes(chain, Plan(()))`` if already known (bytes).
-  """
-  n = chain.n
-  if n <= 1 or last <= 0:
-    return ()
-  if last >= n - 1:
-    return solve_optimal(chain).checkpoints
-  if no_checkpoint_peak is None:
-    no_checkpoint_peak = peak_bytes(chain, Plan(()))
-  big = no_checkpoint_peak + 1
-  act = list(chain.act_bytes)
-  act[last + 1:n] = [big] * (n - 1 - last)
-  restricted = Chain(act, chain.res_bytes, cot_bytes=chain.cot_bytes,
-                     input_res_bytes=chain.input_res_bytes, workspace_bytes=chain.workspace_bytes)
-  return solve_optimal(restricted).checkpoints
 
 
 def least_last_checkpoint(chain: Chain, budget_bytes: int) -> int | None:
@@ -139,24 +102,11 @@ def solve_budget(chain: Chain, budget_bytes: int) -> Plan:
   most = peak_bytes(chain, Plan(()))
   if budget is None:  # no limit: every budget from the no-checkpoint peak up is the same
     budget = most
-  optimum = solve_optimal(chain)
-  least = peak_bytes(chain, optimum)
+  optimum = least_peak_checkpoints(chain)
+  least = peak_bytes(chain, Plan(optimum))
   if budget < least:
     raise InfeasibleBudgetError(
         f"budget_bytes={budget} is below the least peak any plan reaches, {least} bytes "
         f"(model R, method='optimal'); pass budget_bytes >= {least}.",
         budget_bytes=budget, min_feasible_bytes=least)
-  n = chain.n
-  prefix = prefix_flops(chain)
-  lo, hi = 0, optimum.checkpoints[-1] if optimum.checkpoints else 0
-  if most <= budget:  # no checkpoints at all fits
-    hi = 0
-  while lo < hi:  # least L with P(L) <= budget; P(hi) <= budget throughout
-    mid = (lo + hi) // 2
-    cps = least_peak_plan(chain, mid, no_checkpoint_peak=most)
-    if peak_bytes(chain, Plan(cps)) <= budget:
-      hi = cps[-1] if cps else 0
-    else:
-      lo = mid + 1
-  same = bisect.bisect_right(prefix, prefix[lo], 0, max(n, 1)) - 1  # last L' <= n-1 as cheap
-  return Plan(least_peak_plan(chain, same, no_checkpoint_peak=most), method="budget")
+  return Plan(least_recompute_checkpoints(chain, budget, optimum), method="budget")

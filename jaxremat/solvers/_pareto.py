@@ -6,7 +6,7 @@ import bisect
 
 from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops
 from jaxremat._errors import InvalidArgumentError
-from jaxremat.solvers._budget import least_peak_plan, prefix_flops
+from jaxremat.solvers._optimal import least_peak_plan, prefix_flops
 
 
 def pareto(chain: Chain) -> list[tuple[int, int, Plan]]:
