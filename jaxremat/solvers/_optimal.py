@@ -89,7 +89,7 @@ def least_recompute_checkpoints(chain: Chain, budget_bytes: int,
     hi = 0
   if hi > 0:
     below = fits(hi - 1)
-    if below is None:  # the common case: within's L is already least
+    if below is None:  # within's L is already least: two solves in all
       lo = hi
     else:
       hi = below[-1] if below else 0
