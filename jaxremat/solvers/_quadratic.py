@@ -6,6 +6,7 @@ import bisect
 
 from jaxremat._chain import Chain, Plan, peak_bytes
 from jaxremat.solvers._budget import least_last_checkpoint
+from jaxremat.solvers._optimal import prefix_flops
 from jaxremat.solvers._terms import plan_from_choices, terms
 
 
@@ -22,9 +23,7 @@ def solve_quadratic(chain: Chain) -> Plan:
   first = _least_peak(chain, chain.act_bytes)
   peak = peak_bytes(chain, Plan(first))
   last = least_last_checkpoint(chain, peak)
-  prefix = [0]
-  for f in chain.flops:
-    prefix.append(prefix[-1] + f)
+  prefix = prefix_flops(chain)
   same = bisect.bisect_right(prefix, prefix[last], 0, max(n, 1)) - 1
   act = list(chain.act_bytes)
   too_big = peak_bytes(chain, Plan(())) + 1  # a kept x_r is live in every later segment
