@@ -22,8 +22,9 @@ def solve_optimal(chain: Chain) -> Plan:
   ``L``: one more O(n) solve when the first plan's ``L`` is already least, else a
   binary search of O(n) solves, O(n log n) in all.
   """
-  first = least_peak_checkpoints(chain)
-  peak = peak_bytes(chain, Plan(first))
+  if chain.n <= 1:
+    return Plan((), method="optimal")
+  first, peak = _least_peak(terms(chain), chain.act_bytes, chain.n)
   return Plan(least_recompute_checkpoints(chain, peak, first), method="optimal")
 
 
