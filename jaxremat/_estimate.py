@@ -56,6 +56,8 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
         cotangents = [(max(chain.cot_bytes[i], chain.cot_bytes[i - 1]), ("g", i))]
       else:
         cotangents = [(chain.cot_bytes[i], ("g", i)), (chain.cot_bytes[i - 1], ("g", i - 1))]
+      if i == n and buffers.loss:  # the loss's gradient, fused into this backward
+        cotangents += [(buffers.loss[0], ("x", n, _FORWARD)), (buffers.loss[1], ("loss", n))]
       written[i] = len(steps)
       steps.append([*held, *saved, *cotangents, (chain.workspace_bytes[i - 1], ("w", i)),
                     *start.backward(i, l)])

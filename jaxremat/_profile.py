@@ -41,6 +41,10 @@ class Buffers:
       ReLU): XLA then writes its input cotangent over its output cotangent (one buffer).
     saves_output: per layer, whether its residuals include its output ``x_i`` (then
       counted as its residual, and as the next layer's input nowhere else).
+    loss: bytes the last layer's backward holds on CPU because XLA fuses the loss's
+      gradient into it: the model's output ``x_n``, which the loss reads, and the copies
+      of ``g_n`` beyond ``g_n`` itself and the relaid one (one per reader,
+      ``_xla_cpu.cotangent_readers``); empty on other backends.
   """
 
   residuals: tuple[tuple[int, ...], ...]
@@ -49,6 +53,7 @@ class Buffers:
   start: tuple[_xla_cpu.StartBuffers, ...] = ()
   elementwise: tuple[bool, ...] = ()
   saves_output: tuple[bool, ...] = ()
+  loss: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +114,13 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
     param_grads.append(tuple(_compat.aval_bytes(v.aval) for v in mine))
   start: tuple = ()
   work = [0] * n
+  loss: tuple[int, ...] = ()
   if backend == "cpu":
     start = tuple(starts for starts, _ in cpu)
     work = [s.relaid_cotangents for s in start]
+    copies = _cpu_cotangent_readers(layers[-1], first_inputs if n == 1 else layers[-1].inputs,
+                                    grad_invariants, n > 1) - 1 - (work[-1] > 0)
+    loss = (cot[n], max(0, copies) * cot[n])
   elif backend == "gpu":
     gpu = [_gpu_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants, i > 0)
            for i, layer in enumerate(layers)]
@@ -123,7 +132,8 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
       param_grads=tuple(param_grads),
       start=start,
       elementwise=tuple(_elementwise(layer) for layer in layers),
-      saves_output=tuple(bool(r.own_output_vars) for r in residuals))
+      saves_output=tuple(bool(r.own_output_vars) for r in residuals),
+      loss=loss)
   if calibrate:
     for i, layer in enumerate(layers):
       inputs = first_inputs if i == 0 else layer.inputs
@@ -348,6 +358,12 @@ def _cpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bo
   computed = [k < n_inputs and differentiate_inputs for k in range(len(args))]
   return (_xla_cpu.start_buffers(closed, activations, batch, computed),
           _xla_cpu.library_fusions(closed, len(jax.tree_util.tree_leaves(cts))))
+
+
+def _cpu_cotangent_readers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> int:
+  """``_xla_cpu.cotangent_readers`` of the layer's backward."""
+  step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
+  return _xla_cpu.cotangent_readers(jax.make_jaxpr(step)(args, cts), len(jax.tree_util.tree_leaves(cts)))
 
 
 def _gpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> tuple[int, int, int]:

@@ -352,6 +352,27 @@ def library_fusions(step_jaxpr, n_cotangents: int) -> LibraryFusions:
   return LibraryFusions(tuple(broadcasts.values()), positions)
 
 
+def cotangent_readers(step_jaxpr, n_cotangents: int) -> int:
+  """How many library ops (matmuls, convolutions, sums) of a layer's backward read an
+  output cotangent as it is (through reshapes only); ``step_jaxpr`` is the layer's
+  forward and backward, its last ``n_cotangents`` inputs the output cotangents.
+
+  For the last layer that count matters: the loss's gradient is an elementwise function
+  of the model's output, and XLA fuses it into each such reader, which writes a copy of
+  its own while the output stays live.
+  """
+  jaxpr = getattr(step_jaxpr, "jaxpr", step_jaxpr)
+  eqns, _ = _compat.inlined_eqns(jaxpr)
+  cotangent = set(jaxpr.invars[len(jaxpr.invars) - n_cotangents:])
+  readers = 0
+  for name, ins, outs, _ in eqns:
+    if name in _SAME_SIZE and any(v in cotangent for v in _vars(ins)):
+      cotangent.update(outs)
+    elif name in _LIBRARY_SEEDS | {"conv_general_dilated"} and any(v in cotangent for v in _vars(ins)):
+      readers += 1
+  return readers
+
+
 def _dataflow(eqns) -> tuple[dict, dict]:
   """For ``_compat.inlined_eqns`` equations: the index of the equation producing each
   value, and the indices of those reading it."""
