@@ -27,6 +27,11 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   (``buffers.start``: on CPU when the step starts, ``_xla_cpu``; on GPU max-pools'
   scatter targets, ``_xla_gpu``) are added where they are live. An elementwise layer
   (``buffers.elementwise``) writes ``g_{i-1}`` over ``g_i``: its step counts the larger.
+  A layer whose input cotangent is larger than its output cotangent (a downsampling
+  block) writes ``g_{i-1}`` last: its backward is two steps, its residuals with ``g_i``
+  and ``w_i``, then its saved inputs with both cotangents and ``w_i``. The last layer's
+  backward also holds ``buffers.loss`` (the output ``x_n`` the loss reads, and the
+  copies of ``g_n`` XLA writes for it).
 
   XLA's buffer assignment then places buffers in the output buffers of parameter
   gradients (``_hosted``): over the whole step, largest first, each in the smallest
@@ -58,9 +63,17 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
         cotangents = [(chain.cot_bytes[i], ("g", i)), (chain.cot_bytes[i - 1], ("g", i - 1))]
       if i == n and buffers.loss:  # the loss's gradient, fused into this backward
         cotangents += [(buffers.loss[0], ("x", n, _FORWARD)), (buffers.loss[1], ("loss", n))]
+      work = (chain.workspace_bytes[i - 1], ("w", i))
       written[i] = len(steps)
-      steps.append([*held, *saved, *cotangents, (chain.workspace_bytes[i - 1], ("w", i)),
-                    *start.backward(i, l)])
+      if chain.cot_bytes[i - 1] > chain.cot_bytes[i] and len(cotangents) == 2:
+        # A larger input cotangent (a downsampling block's) is written last, once the
+        # layer's own residuals are read: first those with g_i, then g_{i-1}.
+        earlier = saved[:ends[i - 1]] if i - 1 > l else []
+        steps.append([*held, *saved, cotangents[0], work, *start.backward(i, l)])
+        steps.append([*held, *earlier, *_saved_inputs(buffers, l, i, phase), *cotangents, work,
+                      *start.backward(i, l)])
+      else:
+        steps.append([*held, *saved, *cotangents, work, *start.backward(i, l)])
   grads = start.free_gradients(
       [(size, j) for j in range(1, n + 1) for size in buffers.param_grads[j - 1]])
   return _hosted(steps, [(size, written[j], j) for size, j in grads])
@@ -73,6 +86,11 @@ def _saved(buffers: Buffers, l: int, i: int, phase: Hashable) -> Live:
   if i > l + 1:
     saved += [(size, ("x", i - 1, phase, m)) for m, size in enumerate(buffers.inputs[i - 1])]
   return saved
+
+
+def _saved_inputs(buffers: Buffers, l: int, i: int, phase: Hashable) -> Live:
+  """The part of ``_saved(buffers, l, i, phase)`` that is layer ``i``'s input."""
+  return [b for b in _saved(buffers, l, i, phase) if b[1][0] == "x"]
 
 
 def _forward_steps(chain: Chain, buffers: Buffers, segments, start: _StartBuffers) -> list[Live]:

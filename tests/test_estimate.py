@@ -69,6 +69,34 @@ def test_a_recomputed_layers_kernel_copy_lives_from_its_recompute_to_its_backwar
   assert estimate_temp_bytes(chain, buffers(((50,), (), ())), Plan((2,))) == 323
 
 
+def test_a_larger_input_cotangent_is_written_after_the_layers_residuals_are_read():
+  """Layer 2 downsamples: g_1 (40) > g_2 (10). It saves its input x_1 (40) and residuals
+  of 300, with workspace 100. No remat. Its backward first holds layer 1's residual
+  (100) + its own (300) + x_1 + g_2 + w_2 = 550, then, its residuals read, 100 + x_1 +
+  g_2 + g_1 + w_2 = 290. One step holding all of it (590) over-counts; the forward
+  peaks at layer 2 with 100 + 300 + x_1 + x_2 (10) = 450."""
+  chain = Chain(act_bytes=[0, 40, 10, 5], res_bytes=[100, 340, 1], cot_bytes=[0, 40, 10, 5],
+                workspace_bytes=[0, 100, 0])
+  buffers = Buffers(residuals=((100,), (300,), (1,)), inputs=((), (40,), ()),
+                    param_grads=((), (), ()))
+  assert estimate_temp_bytes(chain, buffers, Plan(())) == 550
+
+
+@cpu_only
+@pytest.mark.parametrize("checkpoints", [(3, 5), (2, 4, 6, 8)])
+def test_a_resnet_with_downsampling_blocks_is_estimated_within_3_percent_of_xla(checkpoints):
+  """The oracle is XLA's compiled statistics. With each block's input cotangent held
+  beside all its residuals, these plans were 7.3% and 4.3% over."""
+  model = zoo.resnet_by_name("resnet50", width=0.125, depth=0.34)
+  x = jax.random.normal(jax.random.key(1), (4, 32, 32, 3))
+  params = jax.jit(model.init)(jax.random.key(0), x)
+  kwargs = {"mutable": ["batch_stats"]}
+  r = jaxremat.apply(model.apply, params, x, plan=Plan(checkpoints), **kwargs)
+  measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b, **kwargs)[0])),
+                              params, x).total_bytes
+  assert abs(r.predicted_total_bytes / measured - 1) < 0.03, (r.predicted_total_bytes, measured)
+
+
 @cpu_only
 @pytest.mark.parametrize("checkpoint_every", [None, 2])
 def test_an_uneven_mlp_is_estimated_within_half_a_percent_of_xla(checkpoint_every):
