@@ -27,9 +27,9 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   (``buffers.start``: on CPU when the step starts, ``_xla_cpu``; on GPU max-pools'
   scatter targets, ``_xla_gpu``) are added where they are live. An elementwise layer
   (``buffers.elementwise``) writes ``g_{i-1}`` over ``g_i``: its step counts the larger.
-  A layer whose input cotangent is larger than its output cotangent (a downsampling
-  block) writes ``g_{i-1}`` last: its backward is two steps, its residuals with ``g_i``
-  and ``w_i``, then its saved inputs with both cotangents and ``w_i``. The last layer's
+  A layer that writes ``g_{i-1}`` last (``buffers.late_cotangent``) has a backward of
+  two steps: its residuals with ``g_i`` and ``w_i``, then its saved inputs with both
+  cotangents and ``w_i``. The last layer's
   backward also holds ``buffers.loss`` (the output ``x_n`` the loss reads, and the
   copies of ``g_n`` XLA writes for it).
 
@@ -65,9 +65,8 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
         cotangents += [(buffers.loss[0], ("x", n, _FORWARD)), (buffers.loss[1], ("loss", n))]
       work = (chain.workspace_bytes[i - 1], ("w", i))
       written[i] = len(steps)
-      if chain.cot_bytes[i - 1] > chain.cot_bytes[i] and len(cotangents) == 2:
-        # A larger input cotangent (a downsampling block's) is written last, once the
-        # layer's own residuals are read: first those with g_i, then g_{i-1}.
+      if buffers.late_cotangent and buffers.late_cotangent[i - 1] and len(cotangents) == 2:
+        # g_{i-1} is written once the layer's own residuals are read: two steps.
         earlier = saved[:ends[i - 1]] if i - 1 > l else []
         steps.append([*held, *saved, cotangents[0], work, *start.backward(i, l)])
         steps.append([*held, *earlier, *_saved_inputs(buffers, l, i, phase), *cotangents, work,

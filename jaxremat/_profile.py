@@ -45,6 +45,10 @@ class Buffers:
       gradient into it: the model's output ``x_n``, which the loss reads, and the copies
       of ``g_n`` beyond ``g_n`` itself and the relaid one (one per reader,
       ``_xla_cpu.cotangent_readers``); empty on other backends.
+    late_cotangent: per layer, whether XLA writes its input cotangent ``g_{i-1}`` only
+      once the layer's own residuals are read: on CPU, where ``g_{i-1}`` is larger than
+      ``g_i`` (a downsampling block) and is not a max-pool's scatter target (allocated
+      before the backward); empty on other backends.
   """
 
   residuals: tuple[tuple[int, ...], ...]
@@ -54,6 +58,7 @@ class Buffers:
   elementwise: tuple[bool, ...] = ()
   saves_output: tuple[bool, ...] = ()
   loss: tuple[int, ...] = ()
+  late_cotangent: tuple[bool, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,12 +120,14 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
   start: tuple = ()
   work = [0] * n
   loss: tuple[int, ...] = ()
+  late: tuple[bool, ...] = ()
   if backend == "cpu":
     start = tuple(starts for starts, _ in cpu)
     work = [s.relaid_cotangents for s in start]
     copies = _cpu_cotangent_readers(layers[-1], first_inputs if n == 1 else layers[-1].inputs,
                                     grad_invariants, n > 1) - 1 - (work[-1] > 0)
     loss = (cot[n], max(0, copies) * cot[n])
+    late = tuple(cot[j] > cot[j + 1] and not start[j].until_backward for j in range(n))
   elif backend == "gpu":
     gpu = [_gpu_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants, i > 0)
            for i, layer in enumerate(layers)]
@@ -133,7 +140,7 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
       start=start,
       elementwise=tuple(_elementwise(layer) for layer in layers),
       saves_output=tuple(bool(r.own_output_vars) for r in residuals),
-      loss=loss)
+      loss=loss, late_cotangent=late)
   if calibrate:
     for i, layer in enumerate(layers):
       inputs = first_inputs if i == 0 else layer.inputs

@@ -1,5 +1,7 @@
 """The estimate's buffer assignment: XLA's rule for placing buffers in gradient buffers."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -70,16 +72,17 @@ def test_a_recomputed_layers_kernel_copy_lives_from_its_recompute_to_its_backwar
 
 
 def test_a_larger_input_cotangent_is_written_after_the_layers_residuals_are_read():
-  """Layer 2 downsamples: g_1 (40) > g_2 (10). It saves its input x_1 (40) and residuals
-  of 300, with workspace 100. No remat. Its backward first holds layer 1's residual
+  """Layer 2 downsamples: g_1 (40) > g_2 (10), written last (``late_cotangent``). It saves
+  its input x_1 (40) and residuals of 300, with workspace 100. No remat. Its backward first holds layer 1's residual
   (100) + its own (300) + x_1 + g_2 + w_2 = 550, then, its residuals read, 100 + x_1 +
   g_2 + g_1 + w_2 = 290. One step holding all of it (590) over-counts; the forward
   peaks at layer 2 with 100 + 300 + x_1 + x_2 (10) = 450."""
   chain = Chain(act_bytes=[0, 40, 10, 5], res_bytes=[100, 340, 1], cot_bytes=[0, 40, 10, 5],
                 workspace_bytes=[0, 100, 0])
   buffers = Buffers(residuals=((100,), (300,), (1,)), inputs=((), (40,), ()),
-                    param_grads=((), (), ()))
+                    param_grads=((), (), ()), late_cotangent=(False, True, False))
   assert estimate_temp_bytes(chain, buffers, Plan(())) == 550
+  assert estimate_temp_bytes(chain, dataclasses.replace(buffers, late_cotangent=()), Plan(())) == 590
 
 
 @cpu_only
@@ -92,6 +95,9 @@ def test_a_resnet_with_downsampling_blocks_is_estimated_within_3_percent_of_xla(
   params = jax.jit(model.init)(jax.random.key(0), x)
   kwargs = {"mutable": ["batch_stats"]}
   r = jaxremat.apply(model.apply, params, x, plan=Plan(checkpoints), **kwargs)
+  # The stride-2 blocks (larger input than output cotangent) write g_{i-1} last.
+  downsampling = [r.chain.cot_bytes[i - 1] > r.chain.cot_bytes[i] for i in range(1, r.chain.n + 1)]
+  assert r.buffers.late_cotangent == tuple(downsampling) and any(downsampling)
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b, **kwargs)[0])),
                               params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.03, (r.predicted_total_bytes, measured)
