@@ -29,9 +29,8 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   (``buffers.elementwise``) writes ``g_{i-1}`` over ``g_i``: its step counts the larger.
   A layer that writes ``g_{i-1}`` last (``buffers.late_cotangent``) has a backward of
   two steps: its residuals with ``g_i`` and ``w_i``, then its saved inputs with both
-  cotangents and ``w_i``. The last layer's
-  backward also holds ``buffers.loss`` (the output ``x_n`` the loss reads, and the
-  copies of ``g_n`` XLA writes for it).
+  cotangents and ``w_i``. The last layer's backward also holds ``buffers.loss`` (the
+  output ``x_n`` the loss reads, and the copies of ``g_n`` XLA writes for it).
 
   XLA's buffer assignment then places buffers in the output buffers of parameter
   gradients (``_hosted``): over the whole step, largest first, each in the smallest
@@ -57,7 +56,8 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
       ends[j] = len(saved_all)
     for i in range(r, l, -1):
       saved = saved_all[:ends[i]]
-      if bool(buffers.elementwise) and buffers.elementwise[i - 1]:  # g_{i-1} written over g_i
+      elementwise = bool(buffers.elementwise) and buffers.elementwise[i - 1]
+      if elementwise:  # g_{i-1} written over g_i
         cotangents = [(max(chain.cot_bytes[i], chain.cot_bytes[i - 1]), ("g", i))]
       else:
         cotangents = [(chain.cot_bytes[i], ("g", i)), (chain.cot_bytes[i - 1], ("g", i - 1))]
@@ -65,10 +65,11 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
         cotangents += [(buffers.loss[0], ("x", n, _FORWARD)), (buffers.loss[1], ("loss", n))]
       work = (chain.workspace_bytes[i - 1], ("w", i))
       written[i] = len(steps)
-      if buffers.late_cotangent and buffers.late_cotangent[i - 1] and len(cotangents) == 2:
+      if not elementwise and buffers.late_cotangent and buffers.late_cotangent[i - 1]:
         # g_{i-1} is written once the layer's own residuals are read: two steps.
         earlier = saved[:ends[i - 1]] if i - 1 > l else []
-        steps.append([*held, *saved, cotangents[0], work, *start.backward(i, l)])
+        before = [c for c in cotangents if c[1] != ("g", i - 1)]
+        steps.append([*held, *saved, *before, work, *start.backward(i, l)])
         steps.append([*held, *earlier, *_saved_inputs(buffers, l, i, phase), *cotangents, work,
                       *start.backward(i, l)])
       else:

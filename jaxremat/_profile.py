@@ -122,10 +122,9 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
   loss: tuple[int, ...] = ()
   late: tuple[bool, ...] = ()
   if backend == "cpu":
-    start = tuple(starts for starts, _ in cpu)
+    start = tuple(starts for starts, *_ in cpu)
     work = [s.relaid_cotangents for s in start]
-    copies = _cpu_cotangent_readers(layers[-1], first_inputs if n == 1 else layers[-1].inputs,
-                                    grad_invariants, n > 1) - 1 - (work[-1] > 0)
+    copies = cpu[-1][2] - 1 - (work[-1] > 0)  # beyond g_n and its relaid copy
     loss = (cot[n], max(0, copies) * cot[n])
     late = tuple(cot[j] > cot[j + 1] and not start[j].until_backward for j in range(n))
   elif backend == "gpu":
@@ -356,21 +355,17 @@ def _forward_and_backward(layer: Layer, inputs, grad_invariants, differentiate_i
 
 def _cpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
   """What XLA's CPU backend adds for the layer's backward (``_xla_cpu``): the buffers it
-  allocates when the step starts, and what the backward's library fusions need."""
+  allocates when the step starts, what the backward's library fusions need, and how many
+  of them read an output cotangent as it is."""
   step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
   closed = jax.make_jaxpr(step)(args, cts)
   n_inputs = len(dict.fromkeys(inputs))  # args are the inputs, then the invariants
+  n_cts = len(jax.tree_util.tree_leaves(cts))
   activations = [k < n_inputs for k in range(len(args))] + [True] * len(cts)
   batch = [k < n_inputs and not differentiate_inputs for k in range(len(args))]
   computed = [k < n_inputs and differentiate_inputs for k in range(len(args))]
   return (_xla_cpu.start_buffers(closed, activations, batch, computed),
-          _xla_cpu.library_fusions(closed, len(jax.tree_util.tree_leaves(cts))))
-
-
-def _cpu_cotangent_readers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> int:
-  """``_xla_cpu.cotangent_readers`` of the layer's backward."""
-  step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
-  return _xla_cpu.cotangent_readers(jax.make_jaxpr(step)(args, cts), len(jax.tree_util.tree_leaves(cts)))
+          _xla_cpu.library_fusions(closed, n_cts), _xla_cpu.cotangent_readers(closed, n_cts))
 
 
 def _gpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> tuple[int, int, int]:
