@@ -29,8 +29,9 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   (``buffers.elementwise``) writes ``g_{i-1}`` over ``g_i``: its step counts the larger.
   A layer that writes ``g_{i-1}`` last (``buffers.late_cotangent``) has a backward of
   two steps: its residuals with ``g_i`` and ``w_i``, then its saved inputs with both
-  cotangents and ``w_i``. The last layer's backward also holds ``buffers.loss`` (the
-  output ``x_n`` the loss reads, and the copies of ``g_n`` XLA writes for it).
+  cotangents and ``w_i``. The last layer's backward starts with a step where the loss
+  writes ``g_n`` from ``x_n``: its residuals, ``buffers.loss`` (``x_n`` and the copies
+  of ``g_n`` beyond ``g_n``), ``g_n`` and ``w_n``.
 
   XLA's buffer assignment then places buffers in the output buffers of parameter
   gradients (``_hosted``): over the whole step, largest first, each in the smallest
@@ -61,15 +62,15 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
         cotangents = [(max(chain.cot_bytes[i], chain.cot_bytes[i - 1]), ("g", i))]
       else:
         cotangents = [(chain.cot_bytes[i], ("g", i)), (chain.cot_bytes[i - 1], ("g", i - 1))]
-      if i == n and buffers.loss:  # the loss's gradient, fused into this backward
-        cotangents += [(buffers.loss[0], ("x", n, _FORWARD)), (buffers.loss[1], ("loss", n))]
       work = (chain.workspace_bytes[i - 1], ("w", i))
+      if i == n and buffers.loss:  # the loss's gradient, written from x_n for this backward
+        steps.append([*held, *saved, (buffers.loss[0], ("x", n, _FORWARD)), cotangents[0],
+                      (buffers.loss[1], ("loss", n)), work, *start.backward(i, l)])
       written[i] = len(steps)
       if not elementwise and buffers.late_cotangent and buffers.late_cotangent[i - 1]:
         # g_{i-1} is written once the layer's own residuals are read: two steps.
         earlier = saved[:ends[i - 1]] if i - 1 > l else []
-        before = [c for c in cotangents if c[1] != ("g", i - 1)]
-        steps.append([*held, *saved, *before, work, *start.backward(i, l)])
+        steps.append([*held, *saved, cotangents[0], work, *start.backward(i, l)])
         steps.append([*held, *earlier, *_saved_inputs(buffers, l, i, phase), *cotangents, work,
                       *start.backward(i, l)])
       else:

@@ -43,8 +43,8 @@ class Buffers:
       counted as its residual, and as the next layer's input nowhere else).
     loss: bytes the last layer's backward holds on CPU because XLA fuses the loss's
       gradient into it: the model's output ``x_n``, which the loss reads, and the copies
-      of ``g_n`` beyond ``g_n`` itself and the relaid one (one per reader,
-      ``_xla_cpu.cotangent_readers``); empty on other backends.
+      of ``g_n`` beyond ``g_n`` itself (one per form its readers take,
+      ``_xla_cpu.cotangent_copies``); empty on other backends.
     late_cotangent: per layer, whether XLA writes its input cotangent ``g_{i-1}`` only
       once the layer's own residuals are read: on CPU, where ``g_{i-1}`` is larger than
       ``g_i`` (a downsampling block) and is not a max-pool's scatter target (allocated
@@ -124,8 +124,7 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
   if backend == "cpu":
     start = tuple(starts for starts, *_ in cpu)
     work = [s.relaid_cotangents for s in start]
-    copies = cpu[-1][2] - 1 - (work[-1] > 0)  # beyond g_n and its relaid copy
-    loss = (cot[n], max(0, copies) * cot[n])
+    loss = (cot[n], max(0, cpu[-1][2] - 1) * cot[n])  # x_n; copies of g_n beyond g_n
     late = tuple(cot[j] > cot[j + 1] and not start[j].until_backward for j in range(n))
   elif backend == "gpu":
     gpu = [_gpu_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants, i > 0)
@@ -356,7 +355,7 @@ def _forward_and_backward(layer: Layer, inputs, grad_invariants, differentiate_i
 def _cpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
   """What XLA's CPU backend adds for the layer's backward (``_xla_cpu``): the buffers it
   allocates when the step starts, what the backward's library fusions need, and how many
-  of them read an output cotangent as it is."""
+  copies of an output cotangent it would have written (``_xla_cpu.cotangent_copies``)."""
   step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
   closed = jax.make_jaxpr(step)(args, cts)
   n_inputs = len(dict.fromkeys(inputs))  # args are the inputs, then the invariants
@@ -365,7 +364,7 @@ def _cpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bo
   batch = [k < n_inputs and not differentiate_inputs for k in range(len(args))]
   computed = [k < n_inputs and differentiate_inputs for k in range(len(args))]
   return (_xla_cpu.start_buffers(closed, activations, batch, computed),
-          _xla_cpu.library_fusions(closed, n_cts), _xla_cpu.cotangent_readers(closed, n_cts))
+          _xla_cpu.library_fusions(closed, n_cts), _xla_cpu.cotangent_copies(closed, n_cts))
 
 
 def _gpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> tuple[int, int, int]:

@@ -352,25 +352,30 @@ def library_fusions(step_jaxpr, n_cotangents: int) -> LibraryFusions:
   return LibraryFusions(tuple(broadcasts.values()), positions)
 
 
-def cotangent_readers(step_jaxpr, n_cotangents: int) -> int:
-  """How many library ops (matmuls, convolutions, sums) of a layer's backward read an
-  output cotangent as it is (through reshapes only); ``step_jaxpr`` is the layer's
-  forward and backward, its last ``n_cotangents`` inputs the output cotangents.
-
-  For the last layer that count matters: the loss's gradient is an elementwise function
-  of the model's output, and XLA fuses it into each such reader, which writes a copy of
-  its own while the output stays live.
+def cotangent_copies(step_jaxpr, n_cotangents: int) -> int:
+  """How many copies of an output cotangent a layer's backward would have XLA write if
+  that cotangent were a fusion of other values, as the loss's gradient is: one per form
+  its library readers (matmuls, convolutions, sums) take it in, as it is or flattened (a
+  matmul over more than one batch axis reads it as a 2-D bitcast, which XLA writes by a
+  fusion of its own). ``step_jaxpr`` is the layer's forward and backward, its last
+  ``n_cotangents`` inputs the output cotangents; reshapes are looked through. The kernel
+  gradient's relaid copy is the layer's workspace, not counted here.
   """
   jaxpr = getattr(step_jaxpr, "jaxpr", step_jaxpr)
   eqns, _ = _compat.inlined_eqns(jaxpr)
   cotangent = set(jaxpr.invars[len(jaxpr.invars) - n_cotangents:])
-  readers = 0
+  forms = set()
   for name, ins, outs, _ in eqns:
-    if name in _SAME_SIZE and any(v in cotangent for v in _vars(ins)):
+    read = [v for v in _vars(ins) if v in cotangent]
+    if not read:
+      continue
+    if name in _SAME_SIZE:
       cotangent.update(outs)
-    elif name in _LIBRARY_SEEDS | {"conv_general_dilated"} and any(v in cotangent for v in _vars(ins)):
-      readers += 1
-  return readers
+    elif name == "dot_general":
+      forms.add("flattened" if any(len(v.aval.shape) > 2 for v in read) else "as is")
+    elif name in ("reduce_sum", "conv_general_dilated"):
+      forms.add("as is")
+  return len(forms)
 
 
 def _dataflow(eqns) -> tuple[dict, dict]:
