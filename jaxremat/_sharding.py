@@ -57,7 +57,7 @@ def per_device_profile(traced: TracedChain, prof: Profile, flat_inputs: Sequence
     mine = [v for v in layer.invariants if v in leaf and v not in seen and _compat.is_float(v.aval)]
     seen.update(mine)
     grads.append(tuple(device_bytes(leaf[v]) for v in mine))
-  buffers = dataclasses.replace(prof.buffers,  # elementwise, saves_output, late_cotangent as they are
+  buffers = dataclasses.replace(prof.buffers,  # the per-layer flags as they are
       loss=tuple(scale(b, act_f[n]) for b in prof.buffers.loss),  # the output and g_n's copies
       residuals=tuple(tuple(scale(b, res_f[i]) for b in r)
                       for i, r in enumerate(prof.buffers.residuals)),
