@@ -69,10 +69,10 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
       written[i] = len(steps)
       if not elementwise and buffers.late_cotangent and buffers.late_cotangent[i - 1]:
         # g_{i-1} is written once the layer's own residuals are read: two steps.
-        earlier = saved[:ends[i - 1]] if i - 1 > l else []
+        earlier = ends[i - 1] if i - 1 > l else 0  # saved[earlier:] is layer i's own
+        inputs = [b for b in saved[earlier:] if b[1][0] == "x"]
         steps.append([*held, *saved, cotangents[0], work, *start.backward(i, l)])
-        steps.append([*held, *earlier, *_saved_inputs(buffers, l, i, phase), *cotangents, work,
-                      *start.backward(i, l)])
+        steps.append([*held, *saved[:earlier], *inputs, *cotangents, work, *start.backward(i, l)])
       else:
         steps.append([*held, *saved, *cotangents, work, *start.backward(i, l)])
   grads = start.free_gradients(
@@ -87,11 +87,6 @@ def _saved(buffers: Buffers, l: int, i: int, phase: Hashable) -> Live:
   if i > l + 1:
     saved += [(size, ("x", i - 1, phase, m)) for m, size in enumerate(buffers.inputs[i - 1])]
   return saved
-
-
-def _saved_inputs(buffers: Buffers, l: int, i: int, phase: Hashable) -> Live:
-  """The part of ``_saved(buffers, l, i, phase)`` that is layer ``i``'s input."""
-  return [b for b in _saved(buffers, l, i, phase) if b[1][0] == "x"]
 
 
 def _forward_steps(chain: Chain, buffers: Buffers, segments, start: _StartBuffers) -> list[Live]:

@@ -73,16 +73,17 @@ def test_a_recomputed_layers_kernel_copy_lives_from_its_recompute_to_its_backwar
 
 def test_a_larger_input_cotangent_is_written_after_the_layers_residuals_are_read():
   """Layer 2 downsamples: g_1 (40) > g_2 (10), written last (``late_cotangent``). It saves
-  its input x_1 (40) and residuals of 300, with workspace 100. No remat. Its backward first holds layer 1's residual
-  (100) + its own (300) + x_1 + g_2 + w_2 = 550, then, its residuals read, 100 + x_1 +
-  g_2 + g_1 + w_2 = 290. One step holding all of it (590) over-counts; the forward
-  peaks at layer 2 with 100 + 300 + x_1 + x_2 (10) = 450."""
+  its input x_1 (40) and residuals of 300, with workspace 100. No remat. Its backward
+  first holds layer 1's residual (100) + its own (300) + x_1 + g_2 + w_2 = 550, then,
+  its residuals read, 100 + x_1 + g_2 + g_1 + w_2 = 290. One step holding all of it
+  (590) over-counts; the forward peaks at layer 2 with 100 + 300 + x_1 + x_2 (10) = 450."""
   chain = Chain(act_bytes=[0, 40, 10, 5], res_bytes=[100, 340, 1], cot_bytes=[0, 40, 10, 5],
                 workspace_bytes=[0, 100, 0])
   buffers = Buffers(residuals=((100,), (300,), (1,)), inputs=((), (40,), ()),
                     param_grads=((), (), ()), late_cotangent=(False, True, False))
   assert estimate_temp_bytes(chain, buffers, Plan(())) == 550
-  assert estimate_temp_bytes(chain, dataclasses.replace(buffers, late_cotangent=()), Plan(())) == 590
+  one_step = dataclasses.replace(buffers, late_cotangent=())
+  assert estimate_temp_bytes(chain, one_step, Plan(())) == 590
 
 
 @cpu_only
