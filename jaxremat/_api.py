@@ -20,7 +20,7 @@ from jaxremat._errors import (InfeasibleBudgetError, InputMismatchError, Invalid
 from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._simulate import simulate_peak_bytes
 from jaxremat._profile import Buffers, profile
-from jaxremat._refine import refine as refine_plan
+from jaxremat._refine import MAX_LAYERS as MAX_REFINE_LAYERS, refine as refine_plan
 from jaxremat import _scan, _sharding
 from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
 from jaxremat._measure import measure
@@ -180,12 +180,13 @@ def apply(
       activations in gradient buffers not yet written.
     verify: compile the training step (``jax.grad`` of a sum of mean squares of the
       float outputs) for the chosen plan, model R's optimum, model A's optimum (Hong et
-      al.'s coarser model, up to 1,000 layers) and the three best uniform plans by the
-      estimate, and keep the one XLA measures smallest (ties: least
-      recompute); with ``scan_segment="auto"``, first measure every segment length of
-      each scanned stack likewise. With ``budget_bytes``, instead tighten the plan
+      al.'s coarser model, up to 1,000 layers), the three best uniform plans by the
+      estimate and up to three plans one checkpoint away from the chosen one that the
+      estimate ties with it (within 1%), and keep the one XLA measures smallest (ties:
+      least recompute); with ``scan_segment="auto"``, first measure every segment
+      length of each scanned stack likewise. With ``budget_bytes``, instead tighten the plan
       until XLA's footprint fits the budget. Costs one whole-step compile per
-      candidate; the figures are kept in ``Remat.verified``. Default: on with
+      candidate (4 to 9); the figures are kept in ``Remat.verified``. Default: on with
       ``budget_bytes``, off otherwise.
     calibrate: compile each layer's backward alone and take what XLA's temp needs
       beyond its residuals (and beyond the CPU buffers the estimate models itself,
@@ -277,7 +278,8 @@ def apply(
     validate_plan(plan, chain.n)
   seconds = time.perf_counter() - start
   if verify and method == "optimal" and budget_bytes is None:
-    candidates = [plan, solve(chain, "optimal"), *_best_uniform_plans(chain, prof.buffers, 3)]
+    candidates = [plan, solve(chain, "optimal"), *_best_uniform_plans(chain, prof.buffers, 3),
+                  *_near_ties(chain, prof.buffers, plan, 3)]
     if chain.n <= _MODEL_A_MAX_LAYERS:
       candidates.append(solve(chain, "dp"))
     verified = {}
@@ -311,6 +313,30 @@ def _best_uniform_plans(chain: Chain, buffers: Buffers, count: int) -> list[Plan
   """The ``count`` checkpoint-every-k plans of least estimated footprint."""
   plans = [uniform_plan(chain.n, k) for k in range(1, chain.n)]
   return sorted(plans, key=lambda p: estimate_temp_bytes(chain, buffers, p))[:count]
+
+
+def _near_ties(chain: Chain, buffers: Buffers, plan: Plan, count: int) -> list[Plan]:
+  """Up to ``count`` plans one checkpoint away from ``plan`` (one added, removed, or moved
+  to a next layer) whose estimated temp bytes are within ``_TIE`` of ``plan``'s, least
+  estimate first (then least recompute): plans the estimate cannot tell apart, which
+  XLA's footprint can (ResNet-152 in the zoo: (3, 4, 5, 6) and (3, 4, 5, 7) tie; XLA
+  measures 10.15 and 9.40 MiB). None beyond refine's ``MAX_LAYERS`` layers (``3n``
+  estimates at most)."""
+  n = chain.n
+  if n > MAX_REFINE_LAYERS or plan.is_nested:
+    return []
+  kept = set(plan.checkpoints)
+  near = {tuple(sorted(kept ^ {c})) for c in range(1, n)}
+  near |= {tuple(sorted(kept - {c} | {c + d})) for c in kept for d in (-1, 1)
+           if 0 < c + d < n and c + d not in kept}
+  limit = estimate_temp_bytes(chain, buffers, plan) * (1 + _TIE)
+  keys = {c: (estimate_temp_bytes(chain, buffers, Plan(c)), recompute_flops(chain, Plan(c)))
+          for c in near}
+  ties = sorted((c for c in near if keys[c][0] <= limit), key=keys.__getitem__)
+  return [Plan(c) for c in ties[:count]]
+
+
+_TIE = 0.01  # estimates this close (relative) are a tie: the estimate's errors are larger
 
 
 def _scalar_loss(fn: Callable[..., Any], model_kwargs: dict[str, Any]) -> Callable[..., Any]:

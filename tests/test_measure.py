@@ -110,6 +110,40 @@ def test_verify_keeps_the_candidate_xla_measures_smallest(cnn):
   assert jaxremat.measure(_loss(r.fn), params, x).total_bytes <= min(r.verified.values())
 
 
+def _one_checkpoint_away(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+  """One checkpoint added, removed, or moved to an adjacent layer (a literal check)."""
+  only_a, only_b = set(a) - set(b), set(b) - set(a)
+  if len(only_a) + len(only_b) == 1:
+    return True
+  return (len(only_a) == len(only_b) == 1
+          and abs(next(iter(only_a)) - next(iter(only_b))) == 1)
+
+
+def test_verify_also_measures_the_plans_the_estimate_ties_with_its_choice(cnn):
+  """Every plan one checkpoint away is enumerated here; those within 1% of the chosen
+  plan's estimate are ties, and the (up to) three least of them are compiled too."""
+  import itertools
+
+  from jaxremat._api import _near_ties
+  from jaxremat._estimate import estimate_temp_bytes
+
+  model, params, x = cnn
+  r = jaxremat.apply(model.apply, params, x)
+  n = r.chain.n
+  def estimate(c):
+    return estimate_temp_bytes(r.chain, r.buffers, jaxremat.Plan(c))
+  chosen = r.plan.checkpoints
+  sizes = range(len(chosen) - 1, len(chosen) + 2)
+  everything = (c for k in sizes for c in itertools.combinations(range(1, n), k))
+  ties = sorted((c for c in everything if _one_checkpoint_away(chosen, c)
+                 and estimate(c) <= estimate(chosen) * 1.01),
+                key=lambda c: (estimate(c), jaxremat.recompute_flops(r.chain, jaxremat.Plan(c))))
+  got = [p.checkpoints for p in _near_ties(r.chain, r.buffers, r.plan, 3)]
+  assert ties and got == ties[:3]
+  verified = jaxremat.apply(model.apply, params, x, verify=True).verified
+  assert set(got) <= set(verified)
+
+
 def test_multilevel_plan_keeps_gradients_and_lowers_model_peak(cnn):
   """Nested remat regions give the plain gradients; the simulated peak is lower.
 
