@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxremat._api import _DropIn, _fixed_bytes, _fmt, _key, _scalar_loss
+from jaxremat._api import _DropIn, _fixed_bytes, _fmt, _key, _least_measured, _scalar_loss
 from jaxremat._chain import Plan
 from jaxremat._errors import NotAChainError
 from jaxremat._graph import GraphChain, graph_peak_bytes, graph_recompute_flops
@@ -89,7 +89,7 @@ def apply_graph(model_fn: Callable[..., Any], params: Any, batch: Any, *, method
 
   With ``verify`` (and no ``plan``), the solver's plan is the start of a local search on XLA's compiled
   footprint of the training step: each round compiles every plan that adds or removes
-  one kept cut and moves to the least measured (ties: least recompute), for at most
+  one kept cut and moves to the least measured (within 0.1%: least recompute), for at most
   ``_VERIFY_ROUNDS`` rounds (``(n - 1)`` compiles each).
 
   Raises:
@@ -138,7 +138,7 @@ def _local_search(graph: GraphChain, plan: Plan,
       cuts = tuple(sorted(set(current) ^ {k}))
       if cuts not in seen:
         seen[cuts] = measured(cuts)
-    best = min(seen, key=lambda c: (seen[c], graph_recompute_flops(graph, Plan(c)), len(c)))
+    best = _least_measured(seen, lambda c: graph_recompute_flops(graph, Plan(c)))
     if best == current:
       break
     current = best
