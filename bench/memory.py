@@ -211,7 +211,7 @@ STRATEGIES: dict[str, tuple[str, Callable[[Context], Outcome]]] = {
     "budget-50%": ("apply(budget_bytes=fixed + 50% of no-remat activations)", _budget(0.5)),
 }
 
-#: Strategies run unless --strategies says otherwise (apply-verify costs 4-9 compiles more).
+#: Strategies run unless --strategies says otherwise (apply-verify costs 4-10 compiles more).
 DEFAULT_STRATEGIES = tuple(s for s in STRATEGIES if s != "apply-verify")
 
 #: Single-level strategies that minimise memory (item compared in docs/memory-model.md).

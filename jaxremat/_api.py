@@ -20,7 +20,7 @@ from jaxremat._errors import (InfeasibleBudgetError, InputMismatchError, Invalid
 from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._simulate import simulate_peak_bytes
 from jaxremat._profile import Buffers, profile
-from jaxremat._refine import MAX_LAYERS as MAX_REFINE_LAYERS, refine as refine_plan
+from jaxremat._refine import MAX_LAYERS as MAX_REFINE_LAYERS, neighbours, refine as refine_plan
 from jaxremat import _scan, _sharding
 from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
 from jaxremat._measure import measure
@@ -181,12 +181,13 @@ def apply(
     verify: compile the training step (``jax.grad`` of a sum of mean squares of the
       float outputs) for the chosen plan, model R's optimum, model A's optimum (Hong et
       al.'s coarser model, up to 1,000 layers), the three best uniform plans by the
-      estimate and up to three plans one checkpoint away from the chosen one that the
-      estimate ties with it (within 1%), and keep the one XLA measures smallest (within
-      0.1%, the one that recomputes least); with ``scan_segment="auto"``, first measure
-      every segment length of each scanned stack likewise. With ``budget_bytes``,
+      estimate and, for the chosen plan and model R's optimum, up to two plans one
+      checkpoint away that the estimate ties with it (within 1%), and keep the one XLA
+      measures smallest (within 0.1%, the one that recomputes least); with
+      ``scan_segment="auto"``, first measure every segment length of each scanned stack
+      likewise. With ``budget_bytes``,
       instead tighten the plan until XLA's footprint fits the budget. Costs one
-      whole-step compile per candidate (4 to 9); the figures are kept in
+      whole-step compile per candidate (4 to 10); the figures are kept in
       ``Remat.verified``. Default: on with ``budget_bytes``, off otherwise.
     calibrate: compile each layer's backward alone and take what XLA's temp needs
       beyond its residuals (and beyond the CPU buffers the estimate models itself,
@@ -278,8 +279,10 @@ def apply(
     validate_plan(plan, chain.n)
   seconds = time.perf_counter() - start
   if verify and method == "optimal" and budget_bytes is None:
-    candidates = [plan, solve(chain, "optimal"), *_best_uniform_plans(chain, prof.buffers, 3),
-                  *_near_ties(chain, prof.buffers, plan, 3)]
+    optimum = solve(chain, "optimal")
+    candidates = [plan, optimum, *_best_uniform_plans(chain, prof.buffers, 3),
+                  *_near_ties(chain, prof.buffers, plan, 2),
+                  *_near_ties(chain, prof.buffers, optimum, 2)]
     if chain.n <= _MODEL_A_MAX_LAYERS:
       candidates.append(solve(chain, "dp"))
     verified = {}
@@ -330,19 +333,16 @@ _SAME_FOOTPRINT = 0.001  # relative: 0.1% of the footprint
 
 
 def _near_ties(chain: Chain, buffers: Buffers, plan: Plan, count: int) -> list[Plan]:
-  """Up to ``count`` plans one checkpoint away from ``plan`` (one added, removed, or moved
-  to a next layer) whose estimated temp bytes are within ``_TIE`` of ``plan``'s, least
-  estimate first (then least recompute): plans the estimate cannot tell apart, which
-  XLA's footprint can (ResNet-152 in the zoo: (3, 4, 5, 6) and (3, 4, 5, 7) tie; XLA
-  measures 10.15 and 9.40 MiB). None beyond refine's ``MAX_LAYERS`` layers (``3n``
-  estimates at most)."""
+  """Up to ``count`` plans one checkpoint away from ``plan`` (``neighbours``) whose
+  estimated temp bytes are within ``_TIE`` of ``plan``'s, least estimate first (then
+  least recompute): plans the estimate cannot tell apart, which XLA's footprint can
+  (the zoo's ResNet-152: model R's (3, 4, 5, 6) ties with (3, 4, 5, 7) and
+  (3, 4, 5, 6, 7); XLA measures 10.15, 9.40 and 9.49 MiB). None beyond refine's
+  ``MAX_LAYERS`` layers (``3n`` estimates at most)."""
   n = chain.n
   if n > MAX_REFINE_LAYERS or plan.is_nested:
     return []
-  kept = set(plan.checkpoints)
-  near = {tuple(sorted(kept ^ {c})) for c in range(1, n)}
-  near |= {tuple(sorted(kept - {c} | {c + d})) for c in kept for d in (-1, 1)
-           if 0 < c + d < n and c + d not in kept}
+  near = set(neighbours(plan.checkpoints, n))
   limit = estimate_temp_bytes(chain, buffers, plan) * (1 + _TIE)
   keys = {c: (estimate_temp_bytes(chain, buffers, Plan(c)), recompute_flops(chain, Plan(c)))
           for c in near}

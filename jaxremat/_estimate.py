@@ -42,11 +42,14 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   n = chain.n
   segments = plan.segments(n)
   start = _StartBuffers(buffers, segments, n)
-  steps: list[Live] = [*_forward_steps(chain, buffers, segments, start)]
+  operands = _operands_kept(buffers, segments)
+  steps: list[Live] = [*_forward_steps(chain, buffers, segments, start, operands)]
   written: dict[int, int] = {}  # layer -> the step its parameter gradients are written
   for index in range(len(segments) - 1, -1, -1):
     l, r = segments[index]
     held = [(chain.act_bytes[c], ("x", c, _FORWARD)) for c, _ in segments[1:index + 1]]
+    if r == n:
+      held += [(size, key) for size, key, _ in operands]
     if r < n:
       steps += _recompute_steps(chain, buffers, l, r, held, start)
     phase = _FORWARD if r == n else ("recompute", l)
@@ -89,11 +92,30 @@ def _saved(buffers: Buffers, l: int, i: int, phase: Hashable) -> Live:
   return saved
 
 
-def _forward_steps(chain: Chain, buffers: Buffers, segments, start: _StartBuffers) -> list[Live]:
+def _operands_kept(buffers: Buffers, segments) -> list[tuple[int, Hashable, int]]:
+  """The operands XLA keeps (``buffers.operands``) to recompute the final segment's
+  input ``x_l`` in its first layer's fusions, as ``(bytes, identity, layer computing
+  it)``: layer ``l``'s, and, while that tail reads its input ``x_{j-1}`` and ``j - 1``
+  is no checkpoint, layer ``j - 1``'s too (``x_{j-1}`` is recomputed the same way)."""
+  l = segments[-1][0]
+  checkpoints = {c for c, _ in segments}
+  kept = []
+  j = l
+  while j > 0 and buffers.operands and buffers.operands[j - 1]:
+    kept += [(size, ("operand", j, m), j) for m, size in enumerate(buffers.operands[j - 1])]
+    if not buffers.operands_read_input[j - 1] or j - 1 in checkpoints:
+      break
+    j -= 1
+  return kept
+
+
+def _forward_steps(chain: Chain, buffers: Buffers, segments, start: _StartBuffers,
+                   operands: list[tuple[int, Hashable, int]]) -> list[Live]:
   """The forward pass: at layer ``k`` the checkpoints before it, the residuals of the
   final segment's layers up to ``k``, the input ``x_{k-1}`` where neither held nor
   saved (an elementwise layer writes ``x_k`` over it) or where the final segment keeps a
-  relaid copy of it besides, the output ``x_k`` and the start buffers still live."""
+  relaid copy of it besides, the output ``x_k``, the start buffers still live and the
+  ``operands`` (``_operands_kept``) computed so far."""
   n = chain.n
   steps = []
   held: Live = []
@@ -107,7 +129,8 @@ def _forward_steps(chain: Chain, buffers: Buffers, segments, start: _StartBuffer
       running = _input_and_output(chain, buffers, l, k, r == n, chain.act_bytes[k], _FORWARD)
       if r == n and (k - 1 == l or _input_saved(buffers, k)):  # a relaid copy of the input besides
         running.append((start.relaid[k - 1], ("relaid", k - 1)))
-      steps.append([*held, *seg, *running, *start.forward(k)])
+      steps.append([*held, *seg, *running, *start.forward(k),
+                    *[(size, key) for size, key, j in operands if j <= k]])
   return steps
 
 

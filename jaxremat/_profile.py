@@ -49,6 +49,12 @@ class Buffers:
       once the layer's own residuals are read: on CPU, where ``g_{i-1}`` is larger than
       ``g_i`` (a downsampling block) and is not a max-pool's scatter target (allocated
       before the backward); empty on other backends.
+    operands: per layer ``i``, bytes of each value its output's elementwise tail reads
+      (its convolution outputs), which XLA's CPU backend keeps, besides ``x_i``'s
+      relaid copy, when layer ``i + 1`` reads ``x_i`` by convolutions and elementwise
+      ops only (``_xla_cpu.reads_input_in_fusions``): it recomputes ``x_i`` in those
+      fusions. Empty otherwise and on other backends.
+    operands_read_input: per layer ``i``, whether that tail reads ``x_{i-1}`` too.
   """
 
   residuals: tuple[tuple[int, ...], ...]
@@ -59,6 +65,8 @@ class Buffers:
   saves_output: tuple[bool, ...] = ()
   loss: tuple[int, ...] = ()
   late_cotangent: tuple[bool, ...] = ()
+  operands: tuple[tuple[int, ...], ...] = ()
+  operands_read_input: tuple[bool, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,11 +129,16 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
   work = [0] * n
   loss: tuple[int, ...] = ()
   late: tuple[bool, ...] = ()
+  operands: tuple[tuple[int, ...], ...] = ()
+  operands_read_input: tuple[bool, ...] = ()
   if backend == "cpu":
     start = tuple(starts for starts, *_ in cpu)
     work = [s.relaid_cotangents for s in start]
     loss = (cot[n], max(0, cpu[-1][2] - 1) * cot[n])  # x_n; copies of g_n beyond g_n
     late = tuple(cot[j] > cot[j + 1] and not start[j].until_backward for j in range(n))
+    tails = [_xla_cpu.operands_kept(layer.eqns, layer.inputs, layer.outputs) for layer in layers]
+    operands = tuple(tails[j][0] if j + 1 < n and cpu[j + 1][3] else () for j in range(n))
+    operands_read_input = tuple(reads for _, reads in tails)
   elif backend == "gpu":
     gpu = [_gpu_buffers(layer, first_inputs if i == 0 else layer.inputs, grad_invariants, i > 0)
            for i, layer in enumerate(layers)]
@@ -138,7 +151,8 @@ def profile(traced: TracedChain, calibrate: bool = False, backend: str | None = 
       start=start,
       elementwise=tuple(_elementwise(layer) for layer in layers),
       saves_output=tuple(bool(r.own_output_vars) for r in residuals),
-      loss=loss, late_cotangent=late)
+      loss=loss, late_cotangent=late, operands=operands,
+      operands_read_input=operands_read_input)
   if calibrate:
     for i, layer in enumerate(layers):
       inputs = first_inputs if i == 0 else layer.inputs
@@ -354,8 +368,9 @@ def _forward_and_backward(layer: Layer, inputs, grad_invariants, differentiate_i
 
 def _cpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
   """What XLA's CPU backend adds for the layer's backward (``_xla_cpu``): the buffers it
-  allocates when the step starts, what the backward's library fusions need, and how many
-  copies of an output cotangent it would have written (``_xla_cpu.cotangent_copies``)."""
+  allocates when the step starts, what the backward's library fusions need, how many
+  copies of an output cotangent it would have written (``_xla_cpu.cotangent_copies``)
+  and whether it reads its input in fusions (``_xla_cpu.reads_input_in_fusions``)."""
   step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
   closed = jax.make_jaxpr(step)(args, cts)
   n_inputs = len(dict.fromkeys(inputs))  # args are the inputs, then the invariants
@@ -364,7 +379,8 @@ def _cpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bo
   batch = [k < n_inputs and not differentiate_inputs for k in range(len(args))]
   computed = [k < n_inputs and differentiate_inputs for k in range(len(args))]
   return (_xla_cpu.start_buffers(closed, activations, batch, computed),
-          _xla_cpu.library_fusions(closed, n_cts), _xla_cpu.cotangent_copies(closed, n_cts))
+          _xla_cpu.library_fusions(closed, n_cts), _xla_cpu.cotangent_copies(closed, n_cts),
+          differentiate_inputs and _xla_cpu.reads_input_in_fusions(closed, n_inputs))
 
 
 def _gpu_buffers(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> tuple[int, int, int]:

@@ -14,8 +14,10 @@ def refine(chain: Chain, buffers: Buffers, plan: Plan, max_rounds: int = 50) -> 
   """The plan of least estimated XLA temp bytes reachable from ``plan`` or a uniform plan.
 
   Starts from ``plan`` and every uniform plan (checkpoint every ``k`` layers), keeps the
-  best by ``(estimate, recomputed FLOPs)``, then adds or removes one checkpoint at a time
-  while that lowers the key. ``plan`` is returned unchanged when nothing is better.
+  best by ``(estimate, recomputed FLOPs)``, then adds or removes one checkpoint at a
+  time while that lowers the key. ``plan`` is returned unchanged when nothing is better.
+  (Moving a checkpoint as well reaches plans of lower key, which XLA measured 2% smaller
+  on the zoo's VGG-11 and 9% larger on a conv stack with an average pool: not done.)
   """
   n = chain.n
   if n > MAX_LAYERS or n < 2:
@@ -43,3 +45,13 @@ def refine(chain: Chain, buffers: Buffers, plan: Plan, max_rounds: int = 50) -> 
   if best is plan:
     return plan
   return Plan(best.checkpoints, method=f"{plan.method}+refined")
+
+
+def neighbours(checkpoints: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
+  """The plans one checkpoint away from ``checkpoints`` in a chain of ``n`` layers: one
+  added, removed, or moved to the next or previous layer."""
+  kept = set(checkpoints)
+  toggled = [tuple(sorted(kept ^ {c})) for c in range(1, n)]
+  moved = [tuple(sorted(kept - {c} | {c + d})) for c in sorted(kept) for d in (-1, 1)
+           if 0 < c + d < n and c + d not in kept]
+  return toggled + moved

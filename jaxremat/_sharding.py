@@ -61,6 +61,8 @@ def per_device_profile(traced: TracedChain, prof: Profile, flat_inputs: Sequence
       loss=tuple(scale(b, act_f[n]) for b in prof.buffers.loss),  # the output and g_n's copies
       residuals=tuple(tuple(scale(b, res_f[i]) for b in r)
                       for i, r in enumerate(prof.buffers.residuals)),
+      operands=tuple(tuple(scale(b, res_f[i]) for b in r)  # values computed inside layer i
+                     for i, r in enumerate(prof.buffers.operands)),
       inputs=tuple(tuple(scale(b, act_f[i]) for b in r) for i, r in enumerate(prof.buffers.inputs)),
       param_grads=tuple(grads),
       start=tuple(  # start buffers: the pooled operands shard as the layer's residuals

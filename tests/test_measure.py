@@ -135,7 +135,7 @@ def _one_checkpoint_away(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 
 def test_verify_also_measures_the_plans_the_estimate_ties_with_its_choice(cnn):
   """Every plan one checkpoint away is enumerated here; those within 1% of the chosen
-  plan's estimate are ties, and the (up to) three least of them are compiled too."""
+  plan's estimate are ties, and the (up to) two least of them are compiled too."""
   import itertools
 
   from jaxremat._api import _near_ties
@@ -152,8 +152,8 @@ def test_verify_also_measures_the_plans_the_estimate_ties_with_its_choice(cnn):
   ties = sorted((c for c in everything if _one_checkpoint_away(chosen, c)
                  and estimate(c) <= estimate(chosen) * 1.01),
                 key=lambda c: (estimate(c), jaxremat.recompute_flops(r.chain, jaxremat.Plan(c))))
-  got = [p.checkpoints for p in _near_ties(r.chain, r.buffers, r.plan, 3)]
-  assert ties and got == ties[:3]
+  got = [p.checkpoints for p in _near_ties(r.chain, r.buffers, r.plan, 2)]
+  assert ties and got == ties[:2]
   verified = jaxremat.apply(model.apply, params, x, verify=True).verified
   assert set(got) <= set(verified)
 

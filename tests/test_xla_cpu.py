@@ -14,7 +14,7 @@ import jaxremat
 from jaxremat._chain import Chain, Plan
 from jaxremat._estimate import estimate_temp_bytes
 from jaxremat._profile import Buffers
-from jaxremat._xla_cpu import StartBuffers, swaps_operands
+from jaxremat._xla_cpu import StartBuffers, operands_kept, reads_input_in_fusions, swaps_operands
 from jaxremat.solvers import uniform_plan
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU expansion of XLA")
@@ -342,3 +342,32 @@ def test_estimate_holds_the_output_and_the_loss_copies_where_the_last_backward_s
   # without the rule the forward at layer 3 (300 + x_2 20 + x_3 30 = 350) is the peak.
   assert estimate_temp_bytes(chain, buffers, Plan(())) == 3333
   assert estimate_temp_bytes(chain, dataclasses.replace(buffers, loss=()), Plan(())) == 350
+
+
+def _conv(x, w):
+  return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+@pytest.mark.parametrize("layer, expected", [
+    (lambda x, w: jax.nn.relu(_conv(x, w) + x), True),  # a residual block: conv and add
+    (lambda x, w: jax.nn.relu(_conv(x, w)), False),  # convolutions only
+    (lambda x, w: jax.nn.relu(x), False),  # no convolution: no relaid copy kept
+    (lambda x, w: _conv(x, w) + x - jnp.mean(x), False),  # a reduction reads it too
+])
+def test_an_input_read_by_convolutions_and_elementwise_ops_only_is_read_in_fusions(layer, expected):
+  x, w = jnp.ones((2, 4, 4, 8)), jnp.ones((3, 3, 8, 8))
+  assert reads_input_in_fusions(jax.make_jaxpr(layer)(x, w), n_inputs=1) is expected
+
+
+def test_the_operands_of_an_outputs_elementwise_tail_are_what_it_reads():
+  x, w = jnp.ones((2, 4, 4, 8)), jnp.ones((1, 1, 8, 8))
+  conv_bytes = 2 * 4 * 4 * 8 * 4
+  two_convs = jax.make_jaxpr(lambda x, w: jax.nn.relu(_conv(x, w) * 2.0 + _conv(x, 2 * w)))(x, w)
+  jaxpr = two_convs.jaxpr
+  assert operands_kept(jaxpr.eqns, jaxpr.invars[:1], jaxpr.outvars) == ((conv_bytes,) * 2, False)
+  identity = jax.make_jaxpr(lambda x, w: jax.nn.relu(_conv(x, w) + x))(x, w).jaxpr
+  assert (operands_kept(identity.eqns, identity.invars[:1], identity.outvars)
+          == ((conv_bytes,), True))
+  pooled = jax.make_jaxpr(lambda x, w: jnp.sum(jax.nn.relu(x), axis=(1, 2)))(x, w).jaxpr
+  assert operands_kept(pooled.eqns, pooled.invars[:1], pooled.outvars) == ((), False)
