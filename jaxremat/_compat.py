@@ -65,10 +65,15 @@ def inner_closed_jaxpr(eqn: JaxprEqn) -> jex_core.ClosedJaxpr | None:
 def fusible(eqn: JaxprEqn, primitives: frozenset = FUSIBLE_PRIMITIVES) -> bool:
   """True when XLA fuses ``eqn`` into its consumer: one of ``primitives``, or a call
   (``jit``, ``custom_jvp``) of only such primitives."""
-  name = eqn.primitive.name
+  return fusible_op(eqn.primitive.name, eqn.params, primitives)
+
+
+def fusible_op(name: str, params: dict, primitives: frozenset = FUSIBLE_PRIMITIVES) -> bool:
+  """``fusible`` for an equation given as its primitive's name and params (as
+  ``inlined_eqns`` gives them)."""
   if name not in WRAPPER_PRIMITIVES:
     return name in primitives
-  inner = [e for e in all_eqns([eqn]) if e.primitive.name not in WRAPPER_PRIMITIVES]
+  inner = [e for e in _params_eqns(params) if e.primitive.name not in WRAPPER_PRIMITIVES]
   return all(e.primitive.name in primitives for e in inner)
 
 
@@ -77,11 +82,16 @@ def all_eqns(eqns: Iterable[JaxprEqn]) -> Iterator[JaxprEqn]:
   (jit bodies, custom_jvp functions, scan and cond bodies), each container first."""
   for eqn in eqns:
     yield eqn
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from all_eqns(inner.eqns)
+    yield from _params_eqns(eqn.params)
+
+
+def _params_eqns(params: dict) -> Iterator[JaxprEqn]:
+  """``all_eqns`` of the sub-jaxprs in an equation's ``params``."""
+  for value in params.values():
+    for sub in value if isinstance(value, (tuple, list)) else (value,):
+      inner = getattr(sub, "jaxpr", sub)
+      if hasattr(inner, "eqns"):
+        yield from all_eqns(inner.eqns)
 
 
 def input_dependent(jaxpr: jex_core.Jaxpr, varying_inputs: Iterable[Var] | None = None) -> set:

@@ -34,9 +34,8 @@ def refine(chain: Chain, buffers: Buffers, plan: Plan, max_rounds: int = 50) -> 
       best, best_key = candidate, candidate_key
   for _ in range(max_rounds):
     improved = False
-    current = set(best.checkpoints)
-    for c in range(1, n):
-      candidate = Plan(tuple(sorted(current ^ {c})))
+    for checkpoints in toggled(best.checkpoints, n):
+      candidate = Plan(checkpoints)
       candidate_key = key(candidate)
       if candidate_key < best_key:
         best, best_key, improved = candidate, candidate_key, True
@@ -47,11 +46,17 @@ def refine(chain: Chain, buffers: Buffers, plan: Plan, max_rounds: int = 50) -> 
   return Plan(best.checkpoints, method=f"{plan.method}+refined")
 
 
+def toggled(checkpoints: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
+  """The plans with one checkpoint added to or removed from ``checkpoints`` (``n``
+  layers)."""
+  kept = set(checkpoints)
+  return [tuple(sorted(kept ^ {c})) for c in range(1, n)]
+
+
 def neighbours(checkpoints: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
   """The plans one checkpoint away from ``checkpoints`` in a chain of ``n`` layers: one
   added, removed, or moved to the next or previous layer."""
   kept = set(checkpoints)
-  toggled = [tuple(sorted(kept ^ {c})) for c in range(1, n)]
   moved = [tuple(sorted(kept - {c} | {c + d})) for c in sorted(kept) for d in (-1, 1)
            if 0 < c + d < n and c + d not in kept]
-  return toggled + moved
+  return toggled(checkpoints, n) + moved

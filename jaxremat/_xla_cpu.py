@@ -196,19 +196,8 @@ def reads_input_in_fusions(step_jaxpr, n_inputs: int) -> bool:
   readers = [eqns[k] for v in jaxpr.invars[:n_inputs] for k in consumers.get(v, ())]
   others = [r for r in readers if r[0] != "conv_general_dilated"]
   return (len(others) < len(readers) and bool(others)
-          and all(_elementwise(name, params) for name, _, _, params in others))
-
-
-def _elementwise(name: str, params: dict) -> bool:
-  """Whether an ``inlined_eqns`` equation is elementwise: its primitive, or every one a
-  ``custom_jvp`` wrapper (a ReLU) runs."""
-  if name not in _compat.WRAPPER_PRIMITIVES:
-    return name in _compat.ELEMENTWISE_PRIMITIVES
-  inner = params.get("call_jaxpr", params.get("jaxpr"))
-  eqns = getattr(inner, "eqns", None) or getattr(getattr(inner, "jaxpr", None), "eqns", None)
-  return bool(eqns) and all(e.primitive.name in _compat.ELEMENTWISE_PRIMITIVES
-                            for e in _compat.all_eqns(eqns)
-                            if e.primitive.name not in _compat.WRAPPER_PRIMITIVES)
+          and all(_compat.fusible_op(name, params, _compat.ELEMENTWISE_PRIMITIVES)
+                  for name, _, _, params in others))
 
 
 def operands_kept(eqns: Sequence, inputs: Sequence,
