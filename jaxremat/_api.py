@@ -179,7 +179,7 @@ def apply(
       the XLA-aware estimate (``predict_total_bytes``), which knows that XLA can place
       activations in gradient buffers not yet written.
     verify: compile the training step (``jax.grad`` of a sum of mean squares of the
-      float outputs) for the chosen plan, model R's optimum, model A's optimum (Hong et
+      float outputs; with ``mutable=``, of the prediction alone) for the chosen plan, model R's optimum, model A's optimum (Hong et
       al.'s coarser model, up to 1,000 layers), the three best uniform plans by the
       estimate and, for the chosen plan and model R's optimum, up to two plans one
       checkpoint away that the estimate ties with it (within 1%), and keep the one XLA
@@ -354,8 +354,15 @@ _TIE = 0.01  # estimates this close (relative) are a tie: the estimate's errors 
 
 
 def _scalar_loss(fn: Callable[..., Any], model_kwargs: dict[str, Any]) -> Callable[..., Any]:
+  """The step ``verify`` measures: a sum of mean squares of the model's float outputs.
+  With Flax's ``mutable=``, the output is ``(prediction, updated collections)`` and only
+  the prediction is read, as a training loss reads it: the updated BatchNorm statistics
+  are state, not differentiated."""
   def loss(params, batch):
-    leaves = jax.tree_util.tree_leaves(fn(params, batch, **model_kwargs))
+    out = fn(params, batch, **model_kwargs)
+    if model_kwargs.get("mutable", False) and isinstance(out, tuple) and len(out) == 2:
+      out = out[0]
+    leaves = jax.tree_util.tree_leaves(out)
     return sum(jax.numpy.mean(jax.numpy.square(x.astype(jax.numpy.float32)))
                for x in leaves if _compat.is_float(x))
   return loss

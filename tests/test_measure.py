@@ -185,3 +185,21 @@ def test_budget_is_met_as_xla_measures_it_on_a_conv_net(cnn):
   r = jaxremat.apply(model.apply, params, x, budget_bytes=budget)
   assert r.verified and r.verified[r.plan.checkpoints] <= budget
   assert jaxremat.measure(_loss(r.fn), params, x).total_bytes <= budget
+
+
+def test_verify_measures_the_prediction_alone_when_collections_are_mutable():
+  """With ``mutable=["batch_stats"]`` Flax returns (prediction, updated statistics); a
+  training loss reads the prediction only, and so does the step verify compiles: each
+  verified figure equals the footprint of that literal loss's gradient step."""
+  model = zoo.resnet((1, 1), width=8)
+  x = jax.random.normal(jax.random.key(1), (4, 16, 16, 3))
+  params = model.init(jax.random.key(0), x)
+  kwargs = {"mutable": ["batch_stats"]}
+  r = jaxremat.apply(model.apply, params, x, verify=True, **kwargs)
+  assert len(r.verified) >= 2
+  for checkpoints, measured in r.verified.items():
+    fn = jaxremat.apply(model.apply, params, x, plan=jaxremat.Plan(checkpoints), **kwargs).fn
+    def prediction_loss(p, b, fn=fn):
+      logits, _ = fn(p, b, **kwargs)
+      return jnp.mean(jnp.square(logits))
+    assert measured == jaxremat.measure(prediction_loss, params, x).total_bytes, checkpoints
