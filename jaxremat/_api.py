@@ -179,11 +179,11 @@ def apply(
       the XLA-aware estimate (``predict_total_bytes``), which knows that XLA can place
       activations in gradient buffers not yet written.
     verify: compile the training step (``jax.grad`` of a sum of mean squares of the
-      float outputs; with ``mutable=``, of the prediction alone) for the chosen plan, model R's optimum, model A's optimum (Hong et
-      al.'s coarser model, up to 1,000 layers), the three best uniform plans by the
-      estimate and, for the chosen plan and model R's optimum, up to two plans one
-      checkpoint away that the estimate ties with it (within 1%), and keep the one XLA
-      measures smallest (within 0.1%, the one that recomputes least); with
+      float outputs; with ``mutable=``, of the prediction alone) for the chosen plan,
+      model R's optimum, model A's optimum (Hong et al.'s coarser model, up to 1,000
+      layers), the three best uniform plans by the estimate and, for the chosen plan
+      and model R's optimum, up to two plans one checkpoint away that the estimate ties
+      with it (within 1%), and keep the one XLA measures smallest (within 0.1%, the one that recomputes least); with
       ``scan_segment="auto"``, first measure every segment length of each scanned stack
       likewise. With ``budget_bytes``, instead tighten the plan until XLA's footprint
       fits the budget. Costs one whole-step compile per candidate (4 to 10); the
