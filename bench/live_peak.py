@@ -43,6 +43,28 @@ _RANGE = re.compile(r"^\s+(\S+\{[\d,]*\}):(\d+)-(\d+)$")
 
 def temp_live_bytes(buffer_assignment: str, live_range: str) -> tuple[int, int]:
   """``(temp allocation bytes, its peak live bytes)`` from one step's two dumps."""
+  temp, spans = temp_spans(buffer_assignment, live_range)
+  return temp, live_peak_bytes(spans)
+
+
+def live_peak_bytes(spans: list[tuple[int, int, int, int]]) -> int:
+  """The most bytes of the allocation holding a live value at one point (``spans`` as
+  ``temp_spans`` gives them; values sharing bytes in place count once)."""
+  peak = 0
+  for t in {first for first, _, _, _ in spans}:  # the live bytes peak where a value starts
+    live = sorted((lo, hi) for first, last, lo, hi in spans if first <= t <= last)
+    covered, end = 0, 0
+    for lo, hi in live:  # the union of the live byte ranges
+      covered += max(0, hi - max(lo, end))
+      end = max(end, hi)
+    peak = max(peak, covered)
+  return peak
+
+
+def temp_spans(buffer_assignment: str, live_range: str) -> tuple[int, list[tuple[int, int, int, int]]]:
+  """``(temp allocation bytes, its values)`` from one step's two dumps, each value as
+  ``(first, last, lo, hi)``: its live range in XLA's schedule (both ends included) and
+  the byte range XLA gave it in the allocation."""
   values, temp = [], None
   inside = False
   with open(buffer_assignment) as f:
@@ -59,28 +81,25 @@ def temp_live_bytes(buffer_assignment: str, live_range: str) -> tuple[int, int]:
           name += "" if name.endswith("}") else "{}"
           values.append((name, int(value.group(3)), int(value.group(2))))
   if temp is None:
-    return 0, 0
+    return 0, []
   ranges = {}
   with open(live_range) as f:
     for line in f:
       match = _RANGE.match(line)
       if match:
         ranges[match.group(1)] = (int(match.group(2)), int(match.group(3)))
-  spans = [(*ranges[name], offset, offset + size) for name, offset, size in values]
-  peak = 0
-  for t in {first for first, _, _, _ in spans}:  # the live bytes peak where a value starts
-    live = sorted((lo, hi) for first, last, lo, hi in spans if first <= t <= last)
-    covered, end = 0, 0
-    for lo, hi in live:  # the union of the live byte ranges
-      covered += max(0, hi - max(lo, end))
-      end = max(end, hi)
-    peak = max(peak, covered)
-  return temp, peak
+  return temp, [(*ranges[name], offset, offset + size) for name, offset, size in values]
 
 
 def measure_with_live_temp(fn, kwargs, params, x) -> tuple[jaxremat.Footprint, int]:
   """``jaxremat.measure`` of ``fn``'s gradient step, and its temp allocation's peak live
   bytes (read off an XLA dump)."""
+  return measure_with_dump(fn, kwargs, params, x, temp_live_bytes)
+
+
+def measure_with_dump(fn, kwargs, params, x, read):
+  """``jaxremat.measure`` of ``fn``'s gradient step, and ``read(buffer_assignment,
+  live_range)`` of its XLA dump, whose first item must be the step's temp bytes."""
   with tempfile.TemporaryDirectory() as out:
     footprint = jaxremat.measure(loss_of(fn, kwargs), params, x,
                                  compiler_options={"xla_dump_to": out})
@@ -88,11 +107,11 @@ def measure_with_live_temp(fn, kwargs, params, x) -> tuple[jaxremat.Footprint, i
              for kind in ("buffer-assignment", "live-range")}
     if any(len(paths) != 1 for paths in found.values()):
       raise RuntimeError(f"expected one dump of each kind for the step, found {found}")
-    temp, live = temp_live_bytes(found["buffer-assignment"][0], found["live-range"][0])
+    temp, rest = read(found["buffer-assignment"][0], found["live-range"][0])
     if temp != footprint.temp_bytes:
       raise RuntimeError(f"the dump's temp allocation ({temp} B) is not the step's "
                          f"({footprint.temp_bytes} B)")
-    return footprint, live
+    return footprint, rest
 
 
 def main() -> int:
