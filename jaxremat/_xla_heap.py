@@ -1,4 +1,4 @@
-"""XLA's CPU temp allocation, read back from a compile's dump and replayed.
+"""XLA's temp allocation, read back from a compile's dump and replayed.
 
 A compiled step's temp allocation holds XLA's own values (post-fusion HLO values, each
 with an offset, a size and a live range over XLA's schedule). Its size is what XLA's
@@ -7,7 +7,7 @@ packing, room left between buffers. This module reads the values off an XLA dump
 (``read_temp_values``), sums their live bytes at each step (``live_peak_bytes``), and
 replays XLA's placement over them (``replay_temp_bytes``), which reproduces the
 allocation's size: the packing is fully set by those values and their order, none of
-which the jaxpr has (docs/memory-model.md, "How much is packing").
+which the jaxpr has (docs/memory-model.md, "Where packing comes from").
 
 The replay follows XLA's heap simulator (``HeapSimulator`` with the
 ``GlobalDecreasingSizeBestFitHeap`` placements its buffer assigner runs, the smaller of
@@ -27,7 +27,9 @@ the two kept):
   is not placed in that heap: XLA gives each its own allocation and appends them above
   the heap, smallest first (then by falling value id), each aligned.
 
-CPU only: the dumps are read as XLA's CPU backend writes them.
+The dumps of XLA's GPU backend read the same way; its buffers are 256-byte aligned
+(``replay_temp_bytes(values, 256)`` reproduces the H100 dumps in bench/results/), the
+CPU's 64 (the default).
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def measure_with_temp_values(
     loss_fn: Callable[[Any, Any], Any], params: Any, batch: Any
 ) -> tuple[Footprint, list[TempValue]]:
   """``jaxremat.measure`` of ``loss_fn``'s gradient step, and its temp allocation's
-  values, read off an XLA dump of that compile (CPU)."""
+  values, read off an XLA dump of that compile."""
   with tempfile.TemporaryDirectory() as out:
     footprint = measure(loss_fn, params, batch, compiler_options={"xla_dump_to": out})
     paths = [glob.glob(os.path.join(out, f"*after_optimizations-{kind}.txt"))
