@@ -2,6 +2,8 @@
 rules, and the replay against the temp bytes XLA itself allocates."""
 
 import functools
+import os
+import tarfile
 
 import flax.linen as nn
 import jax
@@ -12,7 +14,7 @@ import jaxremat
 from jaxremat import zoo
 from jaxremat._bench import loss_of
 from jaxremat._xla_heap import (TempValue, live_peak_bytes, measure_with_temp_values,
-                                replay_temp_bytes)
+                                read_temp_values, replay_temp_bytes)
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU dumps")
 
@@ -91,3 +93,23 @@ def test_the_replay_is_xlas_temp_allocation_to_the_byte(name, build, shape, chec
   replayed = replay_temp_bytes(values)
   assert replayed == footprint.temp_bytes, name
   assert live_peak_bytes(values) <= replayed, name
+
+
+_H100_DUMPS = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "results",
+                           "gpu-h100-2026-11-23-run2", "xla-dumps-compile-only.tar.xz")
+
+
+@pytest.mark.skipif(not os.path.exists(_H100_DUMPS), reason="run from the source tree")
+@pytest.mark.parametrize("step", ["mlp-uneven-b4096/optimal", "vgg16-b512-32px/optimal"])
+def test_the_replay_is_xlas_temp_allocation_in_recorded_h100_dumps(step, tmp_path):
+  # The MLP's plan is one where the H100's heap leaves 32 MiB (5.6%) between buffers.
+  with tarfile.open(_H100_DUMPS) as archive:
+    members = [m for m in archive.getmembers()
+               if m.name.startswith(f"dump/{step}/") and "jit_loss" in m.name
+               and m.name.endswith(("-buffer-assignment.txt", "-live-range.txt"))]
+    archive.extractall(tmp_path, members=members, filter="data")
+  paths = sorted(str(tmp_path / m.name) for m in members)  # buffer-assignment, live-range
+  temp, values = read_temp_values(*paths)
+  assert temp > 0 and values
+  assert replay_temp_bytes(values, alignment=256) == temp
+  assert live_peak_bytes(values) <= temp
