@@ -122,15 +122,12 @@ def measure_with_temp_values(
 def live_peak_bytes(values: Sequence[TempValue]) -> int:
   """The most bytes of the allocation that hold a live value at one schedule step
   (values written in place over another share its bytes, and count once)."""
-  peak = 0
-  for step in {v.first for v in values}:  # the live bytes peak where a value starts
-    covered, end = 0, 0
-    for lo, hi in sorted((v.offset, v.offset + v.size) for v in values
-                         if v.first <= step <= v.last):
-      covered += max(0, hi - max(lo, end))
-      end = max(end, hi)
-    peak = max(peak, covered)
-  return peak
+  def live_bytes(step: int) -> int:  # the union of the byte ranges live at ``step``
+    ranges = sorted((v.offset, v.offset + v.size) for v in values if v.first <= step <= v.last)
+    return sum(hi - lo for lo, hi in _merged(ranges))
+
+  # the live bytes peak where a value starts
+  return max((live_bytes(step) for step in {v.first for v in values}), default=0)
 
 
 @dataclasses.dataclass
@@ -157,7 +154,7 @@ def _buffers(values: Sequence[TempValue]) -> list[_Buffer]:
     freed = list(ending.get(step, []))
     for v in starting.get(step, []):
       over = at.get((v.offset, step))
-      if over is not None and over is not v and over.first < step and over in freed:
+      if over is not None and over.first < step and over in freed:
         ticks_of[over.id][1] = tick  # freed just before v is written over it
         tick += 1
         freed.remove(over)
@@ -193,11 +190,16 @@ def _heap_bytes(buffers: Sequence[_Buffer], order: str, alignment: int) -> int:
     for lo, hi in _merged(used):
       if lo - free_from >= b.span:
         gaps.append((lo - free_from, free_from))
-      free_from = max(free_from, -(-hi // alignment) * alignment)
+      free_from = max(free_from, _aligned(hi, alignment))
     offset = min(gaps)[1] if gaps else free_from  # best fit, the lowest of equal gaps
     placed.extend((s, e, offset, offset + b.span) for s, e in b.ticks)
     top = max(top, offset + b.span)
   return top
+
+
+def _aligned(offset: int, alignment: int) -> int:
+  """``offset`` rounded up to a multiple of ``alignment`` (bytes)."""
+  return -(-offset // alignment) * alignment
 
 
 def _merged(chunks: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -219,5 +221,5 @@ def replay_temp_bytes(values: Sequence[TempValue], alignment: int = CPU_ALIGNMEN
   top = min((_heap_bytes(buffers, order, alignment) for order in ("spatial", "temporal")),
             default=0)
   for table in sorted((v for v in values if v.is_tuple), key=lambda v: (v.size, -v.id)):
-    top = -(-top // alignment) * alignment + table.size
+    top = _aligned(top, alignment) + table.size
   return top
