@@ -18,9 +18,9 @@ import jax
 
 import jaxremat
 from jaxremat import _xla_heap
-from jaxremat._bench import loss_of
 
 sys.path.insert(0, os.path.dirname(__file__))
+import live_peak  # noqa: E402  (bench/live_peak.py: a plan's step and its temp values)
 import memory  # noqa: E402  (bench/memory.py: the zoo models and their batches)
 
 
@@ -32,11 +32,9 @@ def main() -> int:
   if jax.default_backend() != "cpu":
     parser.error("the dumps are read as XLA's CPU backend writes them; run on CPU")
   spec = {m.name: m for m in memory.MODELS}[args.model]
-  model, x = spec.build(), spec.batch()
-  params = jax.jit(model.init)(jax.random.key(0), x)
+  model, x, params = spec.instantiate()
   plan = jaxremat.Plan(tuple(int(c) for c in args.checkpoints.split(",") if c))
-  fn = jaxremat.apply(model.apply, params, x, plan=plan, **spec.kwargs).fn
-  footprint, values = _xla_heap.measure_with_temp_values(loss_of(fn, spec.kwargs), params, x)
+  footprint, values = live_peak.measure_plan(spec, model, params, x, plan)
   print(f"{args.model} {plan.checkpoints}: XLA temp {footprint.temp_bytes} B, live peak "
         f"{_xla_heap.live_peak_bytes(values)} B, replay {_xla_heap.replay_temp_bytes(values)} B "
         f"({len(values)} values)")

@@ -35,6 +35,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 import memory  # noqa: E402  (bench/memory.py: the zoo models and their batches)
 
 
+def measure_plan(spec: memory.ZooModel, model, params, x, plan: jaxremat.Plan):
+  """``(Footprint, temp values)`` of ``plan``'s gradient step on ``spec``'s model
+  (``jaxremat._xla_heap.measure_with_temp_values`` of the benchmark's loss)."""
+  fn = jaxremat.apply(model.apply, params, x, plan=plan, **spec.kwargs).fn
+  return _xla_heap.measure_with_temp_values(loss_of(fn, spec.kwargs), params, x)
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("rows", help="a bench/memory.py JSON")
@@ -53,13 +60,11 @@ def main() -> int:
     if wanted is not None and name not in wanted:
       continue
     spec = specs[name]
-    model, x = spec.build(), spec.batch()
-    params = jax.jit(model.init)(jax.random.key(0), x)
+    model, x, params = spec.instantiate()
     base = jaxremat.apply(model.apply, params, x, **spec.kwargs)
     for r in (r for r in recorded if r["model"] == name):
       plan = jaxremat.Plan(tuple(r["checkpoints"]))
-      fn = jaxremat.apply(model.apply, params, x, plan=plan, **spec.kwargs).fn
-      footprint, values = _xla_heap.measure_with_temp_values(loss_of(fn, spec.kwargs), params, x)
+      footprint, values = measure_plan(spec, model, params, x, plan)
       fixed = footprint.total_bytes - footprint.temp_bytes
       rows.append({"model": name, "strategy": r["strategy"], "checkpoints": r["checkpoints"],
                    "predicted_bytes": base.predict_total_bytes(plan),

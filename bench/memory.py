@@ -48,6 +48,11 @@ class ZooModel:
   kwargs: dict = dataclasses.field(default_factory=dict)
   quick: bool = False  # part of the --quick run
 
+  def instantiate(self) -> tuple[nn.Sequential, Any, Any]:
+    """``(model, batch, params)``: the model built, its batch, and parameters at key 0."""
+    model, x = self.build(), self.batch()
+    return model, x, jax.jit(model.init)(jax.random.key(0), x)
+
 
 def _images(n: int, size: int = 32, dtype=jnp.float32) -> Callable[[], jax.Array]:
   return lambda: jax.random.normal(jax.random.key(1), (n, size, size, 3)).astype(dtype)
@@ -221,8 +226,7 @@ MEMORY_STRATEGIES = ("every-layer", "sqrt", "best-uniform", "jax-nothing-saveabl
 
 def bench_model(spec: ZooModel, strategies: list[str], uniform_candidates: int) -> list[dict]:
   """Measures every strategy on one model; returns one row per strategy."""
-  model, x = spec.build(), spec.batch()
-  params = jax.jit(model.init)(jax.random.key(0), x)
+  model, x, params = spec.instantiate()
   start = time.perf_counter()
   base = jaxremat.apply(model.apply, params, x, **spec.kwargs)
   _log(f"  {spec.name}: {base.chain.n} layers, apply took {time.perf_counter() - start:.1f} s")
