@@ -183,12 +183,12 @@ def apply(
       model R's optimum, model A's optimum (Hong et al.'s coarser model, up to 1,000
       layers), the three best uniform plans by the estimate and, for the chosen plan
       and model R's optimum, up to two plans one checkpoint away that the estimate ties
-      with it (within 1%), and keep the one XLA measures smallest (within 0.1%, the one that recomputes least); with
-      ``scan_segment="auto"``, first measure every segment length of each scanned stack
-      likewise. With ``budget_bytes``, instead tighten the plan until XLA's footprint
-      fits the budget. Costs one whole-step compile per candidate (4 to 10); the
-      figures are kept in ``Remat.verified``. Default: on with ``budget_bytes``, off
-      otherwise.
+      with it (within 1%), and keep the one XLA measures smallest (within 0.1%, the one
+      that recomputes least); with ``scan_segment="auto"``, first measure every segment
+      length of each scanned stack likewise. With ``budget_bytes``, instead tighten the
+      plan until XLA's footprint fits the budget. Costs one whole-step compile per
+      candidate (4 to 10); the figures are kept in ``Remat.verified``. Default: on with
+      ``budget_bytes``, off otherwise.
     calibrate: compile each layer's backward alone and take what XLA's temp needs
       beyond its residuals (and beyond the CPU buffers the estimate models itself,
       docs/memory-model.md) as its workspace (one small compile per layer; on the CPU
