@@ -23,8 +23,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jaxremat  # noqa: E402
-from jaxremat import _api, _profile, zoo  # noqa: E402,F401  (zoo: used by eval of the builders)
-from jaxremat._chain import Plan  # noqa: E402
+from jaxremat import zoo  # noqa: E402,F401  (zoo: used by eval of the builders)
+from jaxremat._api import apply as _api  # noqa: E402
+from jaxremat._backends import profile as _profile  # noqa: E402
+from jaxremat._model.chain import Plan  # noqa: E402
 from gpu_validate import model_input, models  # noqa: E402
 
 

@@ -78,7 +78,7 @@ def worker(spec: dict) -> dict:
 
   import jaxremat
   from jaxremat import zoo  # noqa: F401  (used by eval of the builder)
-  from jaxremat._measure import default_compiler_options
+  from jaxremat._backends.measure import default_compiler_options
 
   builder, shape, dtype, kwargs = spec["builder"], spec["shape"], spec["dtype"], spec["kwargs"]
   model = eval(builder)  # builders are the literals in models() above

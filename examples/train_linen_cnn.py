@@ -21,7 +21,7 @@ import optax
 from sklearn.datasets import load_digits
 
 import jaxremat
-from jaxremat._measure import default_compiler_options
+from jaxremat._backends.measure import default_compiler_options
 
 IMAGE_SIZE = 32  # the 8x8 digits are upsampled so that activations dominate memory
 STAGES = ((16, 1), (16, 1), (32, 2), (32, 1), (64, 2), (64, 1), (128, 2))  # (features, stride)

@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 
 import jaxremat
-from jaxremat._measure import default_compiler_options
+from jaxremat._backends.measure import default_compiler_options
 
 SOURCES = ("functools", "contextlib", "heapq", "textwrap", "string", "bisect")
 

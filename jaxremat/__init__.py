@@ -1,11 +1,11 @@
 """jaxremat: optimal gradient checkpointing for JAX and Flax, proved with XLA's statistics."""
 
-from jaxremat._api import Remat as Remat
-from jaxremat._api import apply as apply
-from jaxremat._chain import Chain as Chain
-from jaxremat._chain import Plan as Plan
-from jaxremat._chain import peak_bytes as peak_bytes
-from jaxremat._chain import recompute_flops as recompute_flops
+from jaxremat._api.apply import Remat as Remat
+from jaxremat._api.apply import apply as apply
+from jaxremat._model.chain import Chain as Chain
+from jaxremat._model.chain import Plan as Plan
+from jaxremat._model.chain import peak_bytes as peak_bytes
+from jaxremat._model.chain import recompute_flops as recompute_flops
 from jaxremat._errors import ChainTooLongError as ChainTooLongError
 from jaxremat._errors import EmptyModelError as EmptyModelError
 from jaxremat._errors import InfeasibleBudgetError as InfeasibleBudgetError
@@ -19,15 +19,15 @@ from jaxremat._errors import NotAChainError as NotAChainError
 from jaxremat._errors import UnknownMethodError as UnknownMethodError
 from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
 from jaxremat._errors import UnsupportedScanError as UnsupportedScanError
-from jaxremat._graph import GraphChain as GraphChain
-from jaxremat._graph import graph_peak_bytes as graph_peak_bytes
-from jaxremat._graph_api import GraphRemat as GraphRemat
-from jaxremat._measure import Footprint as Footprint
-from jaxremat._measure import compile_footprint as compile_footprint
-from jaxremat._measure import measure as measure
-from jaxremat._nnx import apply_nnx as apply_nnx
-from jaxremat._simulate import recompute_counts as recompute_counts
-from jaxremat._simulate import simulate_peak_bytes as simulate_peak_bytes
+from jaxremat._model.graph import GraphChain as GraphChain
+from jaxremat._model.graph import graph_peak_bytes as graph_peak_bytes
+from jaxremat._api.graph import GraphRemat as GraphRemat
+from jaxremat._backends.measure import Footprint as Footprint
+from jaxremat._backends.measure import compile_footprint as compile_footprint
+from jaxremat._backends.measure import measure as measure
+from jaxremat._api.nnx import apply_nnx as apply_nnx
+from jaxremat._model.simulate import recompute_counts as recompute_counts
+from jaxremat._model.simulate import simulate_peak_bytes as simulate_peak_bytes
 from jaxremat.solvers import pareto as pareto
 from jaxremat.solvers import solve as solve
 from jaxremat.solvers._graph import solve_graph as solve_graph

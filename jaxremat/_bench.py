@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxremat import zoo
-from jaxremat._api import apply
-from jaxremat._chain import Plan, peak_bytes, recompute_flops
-from jaxremat._measure import measure
+from jaxremat._api.apply import apply
+from jaxremat._model.chain import Plan, peak_bytes, recompute_flops
+from jaxremat._backends.measure import measure
 from jaxremat.solvers import solve, uniform_plan
 
 #: Strategies each model is measured under; "apply-default" is what ``apply`` picks.

@@ -42,7 +42,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxremat._measure import Footprint, measure
+from jaxremat._backends.measure import Footprint, measure
 
 #: XLA's CPU buffer alignment (bytes).
 CPU_ALIGNMENT = 64

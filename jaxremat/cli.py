@@ -17,7 +17,7 @@ import numpy as np
 
 import jaxremat
 from jaxremat import _bench, zoo
-from jaxremat._api import _scalar_loss
+from jaxremat._api.apply import _scalar_loss
 
 DEMO_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "apply")
 DEMO_MODELS = ("all-conv", *sorted(zoo.VGG_CONFIGS))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from jaxremat._graph import GraphChain
+from jaxremat._model.graph import GraphChain
 
 
 class _Memory:

@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxremat
-from jaxremat import _sharding
+from jaxremat._jaxpr import sharding as _sharding
 from jaxremat import zoo
 from jaxremat.solvers import uniform_plan
 

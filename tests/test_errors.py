@@ -60,7 +60,7 @@ class DeeperForBigBatches(nn.Module):
 
 def test_skip_connection_across_layers_names_the_layers():
   """The chain tracer names the layers; apply then plans the model as a graph."""
-  from jaxremat._trace import trace
+  from jaxremat._jaxpr.trace import trace
   x = jnp.ones((2, 4))
   model = SkipAcrossLayers()
   with pytest.raises(jaxremat.NotAChainError, match=r"reads a value made by layer 1 'first'.*skipping over layer 2 'second'"):

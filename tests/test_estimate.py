@@ -8,10 +8,10 @@ import pytest
 
 import jaxremat
 from jaxremat import zoo
-from jaxremat._chain import Chain, Plan
-from jaxremat._estimate import _hosted, estimate_temp_bytes
-from jaxremat._profile import Buffers
-from jaxremat._xla_cpu import StartBuffers
+from jaxremat._model.chain import Chain, Plan
+from jaxremat._backends.estimate import _hosted, estimate_temp_bytes
+from jaxremat._backends.profile import Buffers
+from jaxremat._backends.cpu import StartBuffers
 from jaxremat.solvers import uniform_plan
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU buffer assignment")

@@ -12,7 +12,7 @@ import pytest
 import jaxremat
 from jaxremat import zoo_graphs
 from jaxremat._errors import InvalidChainError, NotAChainError, UnknownMethodError
-from jaxremat._graph import GraphChain, graph_peak_bytes, graph_recompute_flops
+from jaxremat._model.graph import GraphChain, graph_peak_bytes, graph_recompute_flops
 from jaxremat.solvers._graph import solve_graph
 from graph_oracles import random_graph, simulate_graph_peak
 from oracles import all_plans, literal_peak_of, random_chain
@@ -108,7 +108,7 @@ def _assert_trees_close(want, got, tol=1e-5):
 
 def test_zoo_models_are_not_chains(zoo_model):
   _, model, params, x = zoo_model
-  from jaxremat._trace import trace
+  from jaxremat._jaxpr.trace import trace
   with pytest.raises(NotAChainError, match="not a chain"):
     trace(model.apply, params, x, {})
   traced = trace(model.apply, params, x, {}, graph=True)

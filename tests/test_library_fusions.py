@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import pytest
 
 import jaxremat
-from jaxremat import _profile
-from jaxremat._trace import trace
-from jaxremat._xla_cpu import library_fusions
+from jaxremat._backends import profile as _profile
+from jaxremat._jaxpr.trace import trace
+from jaxremat._backends.cpu import library_fusions
 from jaxremat.solvers import uniform_plan
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU library fusions of XLA")

@@ -115,7 +115,7 @@ def test_verify_keeps_the_candidate_xla_measures_smallest(cnn):
 
 
 def test_footprints_a_few_bytes_apart_are_one_figure_and_recompute_decides():
-  from jaxremat._api import _least_measured
+  from jaxremat._api.apply import _least_measured
 
   measured = {(2, 4): 16_304_984, (2, 5): 16_304_968, (3,): 17_000_000}
   recompute = {(2, 4): 5.5e8, (2, 5): 6.5e8, (3,): 1e8}
@@ -138,8 +138,8 @@ def test_verify_also_measures_the_plans_the_estimate_ties_with_its_choice(cnn):
   plan's estimate are ties, and the (up to) two least of them are compiled too."""
   import itertools
 
-  from jaxremat._api import _near_ties
-  from jaxremat._estimate import estimate_temp_bytes
+  from jaxremat._api.apply import _near_ties
+  from jaxremat._backends.estimate import estimate_temp_bytes
 
   model, params, x = cnn
   r = jaxremat.apply(model.apply, params, x)

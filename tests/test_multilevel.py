@@ -10,7 +10,7 @@ import pytest
 
 from jaxremat import (Chain, ChainTooLongError, InvalidPlanError, Plan, peak_bytes,
                       recompute_flops, solve)
-from jaxremat._simulate import recompute_counts, simulate_peak_bytes
+from jaxremat._model.simulate import recompute_counts, simulate_peak_bytes
 from jaxremat.solvers import SOLVERS
 from jaxremat.solvers import _multilevel
 

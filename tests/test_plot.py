@@ -8,7 +8,7 @@ import pytest
 
 import jaxremat
 from jaxremat import zoo
-from jaxremat._simulate import simulate_timeline
+from jaxremat._model.simulate import simulate_timeline
 
 from oracles import all_plans, literal_peak_of, random_chain
 

@@ -75,9 +75,9 @@ def test_a_constant_mask_through_jnp_where_is_not_a_residual():
 
 
 def test_an_elementwise_layer_writes_its_input_cotangent_over_its_output_cotangent():
-  from jaxremat._chain import Chain, Plan
-  from jaxremat._estimate import estimate_temp_bytes
-  from jaxremat._profile import Buffers
+  from jaxremat._model.chain import Chain, Plan
+  from jaxremat._backends.estimate import estimate_temp_bytes
+  from jaxremat._backends.profile import Buffers
 
   x = jnp.ones((8, 64))
   model = nn.Sequential([nn.Dense(32), nn.relu, nn.Dense(16)])

@@ -10,8 +10,8 @@ import pytest
 
 from jaxremat import (Chain, ChainTooLongError, Plan, UnknownMethodError, peak_bytes,
                       recompute_flops, solve)
-from jaxremat._chain import validate_plan
-from jaxremat._simulate import simulate_peak_bytes
+from jaxremat._model.chain import validate_plan
+from jaxremat._model.simulate import simulate_peak_bytes
 from jaxremat.solvers import BUDGET_SOLVERS, SOLVERS, uniform_plan
 from jaxremat.solvers._greedy import greedy_plan
 

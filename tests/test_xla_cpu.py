@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import pytest
 
 import jaxremat
-from jaxremat._chain import Chain, Plan
-from jaxremat._estimate import estimate_temp_bytes
-from jaxremat._profile import Buffers
-from jaxremat._xla_cpu import StartBuffers, operands_kept, reads_input_in_fusions, swaps_operands
+from jaxremat._model.chain import Chain, Plan
+from jaxremat._backends.estimate import estimate_temp_bytes
+from jaxremat._backends.profile import Buffers
+from jaxremat._backends.cpu import StartBuffers, operands_kept, reads_input_in_fusions, swaps_operands
 from jaxremat.solvers import uniform_plan
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU expansion of XLA")

@@ -5,9 +5,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxremat import _xla_gpu, zoo
-from jaxremat._profile import profile
-from jaxremat._trace import trace
+from jaxremat import zoo
+from jaxremat._backends import gpu as _xla_gpu
+from jaxremat._backends.profile import profile
+from jaxremat._jaxpr.trace import trace
 
 B, D, H = 8, 64, 256  # batch, model width, hidden width
 

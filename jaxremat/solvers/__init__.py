@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jaxremat._chain import Chain, Plan
+from jaxremat._model.chain import Chain, Plan
 from jaxremat._errors import InvalidArgumentError, InvalidBudgetError, UnknownMethodError
 from jaxremat.solvers._baselines import (solve_best_uniform, solve_every_layer, solve_none,
                                          solve_sqrt, uniform_plan)
@@ -58,7 +58,7 @@ def solve(chain: Chain, method: str = "optimal", *,
         (Chen 2016's greedy with its threshold search);
       - ``"multilevel"``: the least peak over nested (multi-level) plans, whose
         ``Plan.inner`` splits recomputed segments again; scored by
-        ``jaxremat._simulate.simulate_peak_bytes`` (model R on single-level plans),
+        ``jaxremat._model.simulate.simulate_peak_bytes`` (model R on single-level plans),
         never above ``"optimal"``; O(n^3), n <= 400;
       - ``"budget"``: the fewest recomputed FLOPs with ``peak_bytes <= budget_bytes``.
     budget_bytes: the peak allowed (bytes, model R); required by ``"budget"`` and

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from jaxremat._chain import Chain, Plan, peak_bytes
+from jaxremat._model.chain import Chain, Plan, peak_bytes
 
 
 def solve_none(chain: Chain) -> Plan:

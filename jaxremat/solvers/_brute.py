@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops
+from jaxremat._model.chain import Chain, Plan, peak_bytes, recompute_flops
 from jaxremat._errors import ChainTooLongError
 
 MAX_LAYERS = 20

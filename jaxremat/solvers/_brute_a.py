@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxremat._chain import Chain, Plan
+from jaxremat._model.chain import Chain, Plan
 from jaxremat.solvers._brute import exhaustive
 from jaxremat.solvers._model_a import cost_a
 

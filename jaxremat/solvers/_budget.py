@@ -6,7 +6,7 @@ import math
 import numbers
 import operator
 
-from jaxremat._chain import Chain, Plan, peak_bytes
+from jaxremat._model.chain import Chain, Plan, peak_bytes
 from jaxremat._errors import InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError
 from jaxremat.solvers._optimal import least_peak_checkpoints, least_recompute_checkpoints
 from jaxremat.solvers._terms import terms

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from jaxremat._chain import Chain, Plan
+from jaxremat._model.chain import Chain, Plan
 
 
 def least_checkpoint_sum(act_bytes: Sequence[int],

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import itertools
 
-from jaxremat._chain import Plan
+from jaxremat._model.chain import Plan
 from jaxremat._errors import ChainTooLongError, UnknownMethodError
-from jaxremat._graph import GraphChain, graph_peak_bytes, graph_recompute_flops
+from jaxremat._model.graph import GraphChain, graph_peak_bytes, graph_recompute_flops
 from jaxremat.solvers._baselines import uniform_plan
 from jaxremat.solvers._brute import MAX_LAYERS
 

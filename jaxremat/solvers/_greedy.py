@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops
+from jaxremat._model.chain import Chain, Plan, peak_bytes, recompute_flops
 
 NUM_GUESSES = 3  # memonger's ``nbegin``: the threshold is re-guessed from each plan
 NUM_TRIALS = 6  # memonger's ``ntrial``: grid steps after the guesses

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxremat._chain import Chain, Plan, validate_plan
+from jaxremat._model.chain import Chain, Plan, validate_plan
 
 
 def cost_a(chain: Chain, plan: Plan) -> int:

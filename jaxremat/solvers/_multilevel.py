@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops
+from jaxremat._model.chain import Chain, Plan, peak_bytes, recompute_flops
 from jaxremat._errors import ChainTooLongError
 from jaxremat.solvers._budget import solve_budget
 from jaxremat.solvers._optimal import solve_optimal

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 
-from jaxremat._chain import Chain, Plan, peak_bytes
+from jaxremat._model.chain import Chain, Plan, peak_bytes
 from jaxremat.solvers._terms import Terms, plan_from_choices, terms
 
 _NEG_INF = float("-inf")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 
-from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops
+from jaxremat._model.chain import Chain, Plan, peak_bytes, recompute_flops
 from jaxremat._errors import InvalidArgumentError
 from jaxremat.solvers._optimal import least_peak_plan, prefix_flops
 

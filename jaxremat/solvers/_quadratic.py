@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 
-from jaxremat._chain import Chain, Plan, peak_bytes
+from jaxremat._model.chain import Chain, Plan, peak_bytes
 from jaxremat.solvers._budget import least_last_checkpoint
 from jaxremat.solvers._optimal import prefix_flops
 from jaxremat.solvers._terms import plan_from_choices, terms

@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 
-from jaxremat._chain import Chain
+from jaxremat._model.chain import Chain
 
 
 @dataclasses.dataclass(frozen=True)

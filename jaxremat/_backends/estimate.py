@@ -7,8 +7,8 @@ import bisect
 import itertools
 from collections.abc import Hashable
 
-from jaxremat._chain import Chain, Plan
-from jaxremat._profile import Buffers
+from jaxremat._model.chain import Chain, Plan
+from jaxremat._backends.profile import Buffers
 
 Live = list[tuple[int, Hashable]]  # (bytes, identity) of each buffer live at one step
 _FORWARD = "forward"  # the phase of values the forward pass computes

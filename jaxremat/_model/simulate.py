@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxremat._chain import Chain, Plan, validate_plan
+from jaxremat._model.chain import Chain, Plan, validate_plan
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ to −3.9% (``bench/gpu_offline.py``).
 
 from __future__ import annotations
 
-from jaxremat import _compat
+from jaxremat._jaxpr import compat as _compat
 
 #: Primitives XLA fuses into their consumer on GPU: those it fuses on every backend and
 #: a few more the CPU model does not count on.

@@ -11,19 +11,20 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxremat import _compat
-from jaxremat._chain import Chain, Plan, peak_bytes, recompute_flops, validate_plan
-from jaxremat._emit import emit
+from jaxremat._jaxpr import compat as _compat
+from jaxremat._model.chain import Chain, Plan, peak_bytes, recompute_flops, validate_plan
+from jaxremat._jaxpr.emit import emit
 from jaxremat._errors import (InfeasibleBudgetError, InputMismatchError, InvalidArgumentError,
                               InvalidBudgetError, JaxrematError, NotAChainError,
                               UnsupportedModelError)
-from jaxremat._estimate import estimate_temp_bytes
-from jaxremat._simulate import simulate_peak_bytes
-from jaxremat._profile import Buffers, profile
-from jaxremat._refine import MAX_LAYERS as MAX_REFINE_LAYERS, neighbours, refine as refine_plan
-from jaxremat import _scan, _sharding
-from jaxremat._trace import TracedChain, is_array_leaf, split_kwargs, trace
-from jaxremat._measure import measure
+from jaxremat._backends.estimate import estimate_temp_bytes
+from jaxremat._model.simulate import simulate_peak_bytes
+from jaxremat._backends.profile import Buffers, profile
+from jaxremat._backends.refine import MAX_LAYERS as MAX_REFINE_LAYERS, neighbours, refine as refine_plan
+from jaxremat._jaxpr import scan as _scan
+from jaxremat._jaxpr import sharding as _sharding
+from jaxremat._jaxpr.trace import TracedChain, is_array_leaf, split_kwargs, trace
+from jaxremat._backends.measure import measure
 from jaxremat.solvers import solve, uniform_plan
 from jaxremat.solvers._budget import budget_as_int
 
@@ -97,7 +98,7 @@ class Remat:
       ImportError: matplotlib is not installed.
       UnknownMethodError: a name in ``compare`` is not a solver method.
     """
-    from jaxremat._plot import plot_timelines  # matplotlib is optional
+    from jaxremat._api.plot import plot_timelines  # matplotlib is optional
     plans = [(f"chosen: {self.plan.method or 'plan'}", self.plan)]
     plans += [(method, solve(self.chain, method)) for method in compare]
     plot_timelines(path, self.chain, plans, title=title or f"{self.chain.n} layers")
@@ -197,7 +198,7 @@ def apply(
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) run as an outer scan over segments of ``k`` iterations, each segment
       under ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) of
-      least estimated peak for the stack (``jaxremat._scan.choose_segment``); an int:
+      least estimated peak for the stack (``jaxremat._jaxpr.scan.choose_segment``); an int:
       that ``k`` for every stack; ``None``: scans are left as they are (one opaque
       layer). Other scans (over batch data, e.g. an RNN over time) are always left as
       they are.
@@ -228,8 +229,8 @@ def apply(
     budget_bytes = _check_budget(budget_bytes)
   try:
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
-  except NotAChainError:  # skip tensors: plan the layers as a graph (jaxremat._graph)
-    from jaxremat._graph_api import apply_graph  # it imports this module
+  except NotAChainError:  # skip tensors: plan the layers as a graph (jaxremat._model.graph)
+    from jaxremat._api.graph import apply_graph  # it imports this module
     return apply_graph(model_fn, params, batch, method=method, plan=plan, layer_depth=layer_depth,
                        model_kwargs=model_kwargs, calibrate=calibrate, verify=verify,
                        unsupported={"budget_bytes": budget_bytes is not None})

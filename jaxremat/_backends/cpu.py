@@ -66,7 +66,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxremat import _compat
+from jaxremat._jaxpr import compat as _compat
 
 
 @dataclasses.dataclass(frozen=True)

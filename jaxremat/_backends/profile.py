@@ -8,10 +8,12 @@ from collections.abc import Sequence
 
 import jax
 
-from jaxremat import _compat, _xla_cpu, _xla_gpu
-from jaxremat._chain import Chain
-from jaxremat._measure import default_compiler_options
-from jaxremat._trace import Layer, TracedChain
+from jaxremat._jaxpr import compat as _compat
+from jaxremat._backends import cpu as _xla_cpu
+from jaxremat._backends import gpu as _xla_gpu
+from jaxremat._model.chain import Chain
+from jaxremat._backends.measure import default_compiler_options
+from jaxremat._jaxpr.trace import Layer, TracedChain
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jex_core
 
-from jaxremat import _compat
-from jaxremat._chain import Chain, Plan, peak_bytes
+from jaxremat._jaxpr import compat as _compat
+from jaxremat._model.chain import Chain, Plan, peak_bytes
 from jaxremat._errors import UnsupportedScanError
-from jaxremat._trace import Layer, TracedChain
+from jaxremat._jaxpr.trace import Layer, TracedChain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +168,7 @@ def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
   are inputs), ``e`` the part of ``b`` that is the iteration's own input carry, ``f``
   its FLOPs.
   """
-  from jaxremat import _profile  # _profile imports _measure; keep this module light
+  from jaxremat._backends import profile as _profile  # it imports measure; keep this module light
 
   body = eqn.params["jaxpr"]
   if body.consts:

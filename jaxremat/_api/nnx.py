@@ -11,8 +11,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jaxremat._api import Remat, apply
-from jaxremat._chain import Plan
+from jaxremat._api.apply import Remat, apply
+from jaxremat._model.chain import Plan
 from jaxremat._errors import InputMismatchError
 
 # Keyword arguments that carry the nnx graph and non-differentiated state through

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from jaxremat._chain import Chain, Plan
-from jaxremat._simulate import simulate_timeline
+from jaxremat._model.chain import Chain, Plan
+from jaxremat._model.simulate import simulate_timeline
 
 _PHASE_COLOURS = {"forward": "#dbe9f6", "recompute": "#fde4c8", "backward": "#e3f1dc"}
 

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxremat import _compat
+from jaxremat._jaxpr import compat as _compat
 from jaxremat._errors import EmptyModelError, NotAChainError, UnsupportedModelError
 
 

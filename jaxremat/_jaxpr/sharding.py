@@ -16,10 +16,11 @@ from typing import Any
 
 import jax
 
-from jaxremat import _compat, _profile
-from jaxremat._chain import Chain
-from jaxremat._profile import Profile
-from jaxremat._trace import TracedChain
+from jaxremat._jaxpr import compat as _compat
+from jaxremat._backends import profile as _profile
+from jaxremat._model.chain import Chain
+from jaxremat._backends.profile import Profile
+from jaxremat._jaxpr.trace import TracedChain
 
 
 def is_sharded(tree: Any) -> bool:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from jaxremat import _compat
-from jaxremat._graph import GraphChain
-from jaxremat._profile import _backward_temp_bytes, _flops, _residuals
-from jaxremat._trace import TracedChain
+from jaxremat._jaxpr import compat as _compat
+from jaxremat._model.graph import GraphChain
+from jaxremat._backends.profile import _backward_temp_bytes, _flops, _residuals
+from jaxremat._jaxpr.trace import TracedChain
 
 
 def profile_graph(traced: TracedChain, calibrate: bool = False) -> GraphChain:

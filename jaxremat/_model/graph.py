@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from jaxremat._chain import Chain, Plan, _ints, validate_plan
+from jaxremat._model.chain import Chain, Plan, _ints, validate_plan
 from jaxremat._errors import InvalidChainError, InvalidPlanError
 
 

@@ -179,7 +179,7 @@ def recompute_flops(chain: Chain, plan: Plan) -> int:
   """
   validate_plan(plan, chain.n)
   if plan.is_nested:
-    from jaxremat._simulate import recompute_counts  # _simulate imports this module
+    from jaxremat._model.simulate import recompute_counts  # _simulate imports this module
     return sum(k * f for k, f in zip(recompute_counts(chain, plan), chain.flops))
   last = plan.checkpoints[-1] if plan.checkpoints else 0
   return sum(chain.flops[:last])

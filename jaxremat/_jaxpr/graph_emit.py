@@ -7,10 +7,10 @@ from typing import Any
 
 import jax
 
-from jaxremat import _compat
-from jaxremat._chain import Plan, validate_plan
+from jaxremat._jaxpr import compat as _compat
+from jaxremat._model.chain import Plan, validate_plan
 from jaxremat._errors import InvalidPlanError
-from jaxremat._trace import TracedChain
+from jaxremat._jaxpr.trace import TracedChain
 
 
 def emit_graph(traced: TracedChain, plan: Plan) -> Callable[[Sequence[Any]], list[Any]]:

@@ -7,14 +7,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxremat._api import _DropIn, _fixed_bytes, _fmt, _key, _least_measured, _scalar_loss
-from jaxremat._chain import Plan
+from jaxremat._api.apply import _DropIn, _fixed_bytes, _fmt, _key, _least_measured, _scalar_loss
+from jaxremat._model.chain import Plan
 from jaxremat._errors import NotAChainError
-from jaxremat._graph import GraphChain, graph_peak_bytes, graph_recompute_flops
-from jaxremat._graph_emit import emit_graph
-from jaxremat._graph_profile import profile_graph
-from jaxremat._measure import measure
-from jaxremat._trace import TracedChain, split_kwargs, trace
+from jaxremat._model.graph import GraphChain, graph_peak_bytes, graph_recompute_flops
+from jaxremat._jaxpr.graph_emit import emit_graph
+from jaxremat._backends.graph_profile import profile_graph
+from jaxremat._backends.measure import measure
+from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
 from jaxremat.solvers._graph import GRAPH_SOLVERS, solve_graph
 
 
@@ -43,7 +43,7 @@ class GraphRemat:
 
   @property
   def predicted_peak_bytes(self) -> int:
-    """Model G's peak of the plan (bytes; ``jaxremat._graph``)."""
+    """Model G's peak of the plan (bytes; ``jaxremat._model.graph``)."""
     return graph_peak_bytes(self.chain, self.plan)
 
   @property

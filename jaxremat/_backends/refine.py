@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from jaxremat._chain import Chain, Plan, recompute_flops
-from jaxremat._estimate import estimate_temp_bytes
-from jaxremat._profile import Buffers
+from jaxremat._model.chain import Chain, Plan, recompute_flops
+from jaxremat._backends.estimate import estimate_temp_bytes
+from jaxremat._backends.profile import Buffers
 from jaxremat.solvers import uniform_plan
 
 MAX_LAYERS = 256  # the search is O(n^3) estimate steps; beyond this the plan is kept

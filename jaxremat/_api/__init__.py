@@ -1,0 +1,1 @@
+"""The public entry points: apply, its result, verification and the drop-in."""

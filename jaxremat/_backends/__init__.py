@@ -1,0 +1,1 @@
+"""What XLA keeps, per backend: profiles, estimates and compiles."""

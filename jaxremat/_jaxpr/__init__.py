@@ -1,0 +1,1 @@
+"""Jaxpr work: trace a model into layers, rewrite scans, emit the checkpointed function."""

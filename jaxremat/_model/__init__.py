@@ -1,0 +1,1 @@
+"""The memory models, free of JAX: chains, graphs, their peaks and the event simulator."""
