@@ -14,7 +14,8 @@ import sys
 import jax
 
 import jaxremat
-from memory import loss_of, models
+from jaxremat._api.loss import training_loss
+from memory import models
 
 
 def main() -> int:
@@ -26,7 +27,7 @@ def main() -> int:
            "|---|---|---|---|---|---|"]
   for name, (model, x, kwargs) in models().items():
     params = model.init({"params": jax.random.key(0), **kwargs.get("rngs", {})}, x)
-    none = jaxremat.measure(loss_of(model.apply, kwargs), params, x).total_bytes
+    none = jaxremat.measure(training_loss(model.apply, kwargs), params, x).total_bytes
     best = jaxremat.apply(model.apply, params, x, verify=True, **kwargs)
     least = min(best.verified.values())
     for fraction in (0.5, 0.75):
@@ -36,7 +37,7 @@ def main() -> int:
       except jaxremat.InfeasibleBudgetError as err:
         lines.append(f"| {name} | {budget} | infeasible: least {err.min_feasible_bytes} | - | - | - |")
         continue
-      measured = jaxremat.measure(loss_of(r.fn, kwargs), params, x).total_bytes
+      measured = jaxremat.measure(training_loss(r.fn, kwargs), params, x).total_bytes
       lines.append(f"| {name} | {budget} | {measured} | {'yes' if measured <= budget else 'NO'} "
                    f"| {len(r.plan.checkpoints)} | {len(r.verified)} |")
     print(lines[-1], file=sys.stderr, flush=True)

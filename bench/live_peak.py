@@ -29,7 +29,7 @@ import jax
 
 import jaxremat
 from jaxremat import _xla_heap
-from jaxremat._bench import loss_of
+from jaxremat._api.loss import training_loss
 
 sys.path.insert(0, os.path.dirname(__file__))
 import memory  # noqa: E402  (bench/memory.py: the zoo models and their batches)
@@ -39,7 +39,7 @@ def measure_plan(spec: memory.ZooModel, model, params, x, plan: jaxremat.Plan):
   """``(Footprint, temp values)`` of ``plan``'s gradient step on ``spec``'s model
   (``jaxremat._xla_heap.measure_with_temp_values`` of the benchmark's loss)."""
   fn = jaxremat.apply(model.apply, params, x, plan=plan, **spec.kwargs).fn
-  return _xla_heap.measure_with_temp_values(loss_of(fn, spec.kwargs), params, x)
+  return _xla_heap.measure_with_temp_values(training_loss(fn, spec.kwargs), params, x)
 
 
 def main() -> int:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 import jaxremat
 from jaxremat import zoo
-from jaxremat._bench import loss_of  # the loss `jaxremat bench` measures
+from jaxremat._api.loss import training_loss
 from jaxremat.solvers import uniform_plan
 
 BN = {"mutable": ["batch_stats"]}
@@ -112,7 +112,7 @@ class Context:
   uniform_candidates: int = 3
 
   def measure(self, fn: Callable[..., Any]) -> jaxremat.Footprint:
-    return jaxremat.measure(loss_of(fn, self.kwargs), self.params, self.x)
+    return jaxremat.measure(training_loss(fn, self.kwargs), self.params, self.x)
 
   def plan_fn(self, plan: jaxremat.Plan) -> Callable[..., Any]:
     return jaxremat.apply(self.model.apply, self.params, self.x, plan=plan, **self.kwargs).fn

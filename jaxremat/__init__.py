@@ -1,7 +1,7 @@
 """jaxremat: optimal gradient checkpointing for JAX and Flax, proved with XLA's statistics."""
 
-from jaxremat._api.apply import Remat as Remat
 from jaxremat._api.apply import apply as apply
+from jaxremat._api.result import Remat as Remat
 from jaxremat._model.chain import Chain as Chain
 from jaxremat._model.chain import Plan as Plan
 from jaxremat._model.chain import peak_bytes as peak_bytes
@@ -21,10 +21,10 @@ from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
 from jaxremat._errors import UnsupportedScanError as UnsupportedScanError
 from jaxremat._model.graph import GraphChain as GraphChain
 from jaxremat._model.graph import graph_peak_bytes as graph_peak_bytes
-from jaxremat._api.graph import GraphRemat as GraphRemat
 from jaxremat._backends.measure import Footprint as Footprint
 from jaxremat._backends.measure import compile_footprint as compile_footprint
 from jaxremat._backends.measure import measure as measure
+from jaxremat._jaxpr.scan import ScanPlan as ScanPlan
 from jaxremat._api.nnx import apply_nnx as apply_nnx
 from jaxremat._model.simulate import recompute_counts as recompute_counts
 from jaxremat._model.simulate import simulate_peak_bytes as simulate_peak_bytes
@@ -40,7 +40,6 @@ __all__ = (
     "EmptyModelError",
     "Footprint",
     "GraphChain",
-    "GraphRemat",
     "InfeasibleBudgetError",
     "InputMismatchError",
     "InvalidArgumentError",
@@ -51,6 +50,7 @@ __all__ = (
     "NotAChainError",
     "Plan",
     "Remat",
+    "ScanPlan",
     "UnknownMethodError",
     "UnsupportedModelError",
     "UnsupportedScanError",

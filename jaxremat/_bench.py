@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from jaxremat import zoo
 from jaxremat._api.apply import apply
+from jaxremat._api.loss import training_loss
 from jaxremat._model.chain import Plan, peak_bytes, recompute_flops
 from jaxremat._backends.measure import measure
 from jaxremat.solvers import solve, uniform_plan
@@ -57,15 +58,6 @@ MODELS: dict[str, Callable[[bool], Model]] = {
 QUICK_MODELS = ("mlp-uneven", "all-conv")
 
 
-def loss_of(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Callable[..., Any]:
-  """The benchmark's scalar loss: mean square of the (first) model output, in float32."""
-  def loss(params, x):
-    out = fn(params, x, **kwargs)
-    out = out[0] if isinstance(out, tuple) else out
-    return jnp.mean(jnp.square(out.astype(jnp.float32)))
-  return loss
-
-
 def init_params(model: Any, x: Any, kwargs: Mapping[str, Any]) -> Any:
   """The model's variables, with any rngs it needs at apply time given at init too."""
   return model.init({"params": jax.random.key(0), **kwargs.get("rngs", {})}, x)
@@ -96,7 +88,7 @@ def bench_model(name: str, model: Any, x: Any, kwargs: dict[str, Any],
   def record(strategy: str, plan: Plan) -> int:
     start = time.perf_counter()
     r = apply(model.apply, params, x, plan=plan, **kwargs)
-    measured = measure(loss_of(r.fn, kwargs), params, x)
+    measured = measure(training_loss(r.fn, kwargs), params, x)
     rows.append({
         "model": name, "strategy": strategy, "layers": chain.n,
         "checkpoints": list(plan.checkpoints),
@@ -118,7 +110,7 @@ def bench_model(name: str, model: Any, x: Any, kwargs: dict[str, Any],
     totals = {}
     for k in range(1, chain.n):
       r = apply(model.apply, params, x, plan=uniform_plan(chain.n, k), **kwargs)
-      totals[k] = measure(loss_of(r.fn, kwargs), params, x).total_bytes
+      totals[k] = measure(training_loss(r.fn, kwargs), params, x).total_bytes
       progress(f"{name} every {k}: {totals[k] / 2**20:.2f} MiB measured")
     record(BEST_UNIFORM_XLA, uniform_plan(chain.n, min(totals, key=totals.get)))
   return rows

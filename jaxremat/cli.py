@@ -17,7 +17,7 @@ import numpy as np
 
 import jaxremat
 from jaxremat import _bench, zoo
-from jaxremat._api.apply import _scalar_loss
+from jaxremat._api.loss import training_loss
 
 DEMO_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "apply")
 DEMO_MODELS = ("all-conv", *sorted(zoo.VGG_CONFIGS))
@@ -44,13 +44,13 @@ def run_demo(model_name: str, width: float, batch: int, image_size: int) -> dict
   start = time.perf_counter()
   r = jaxremat.apply(model.apply, params, x)
   profile_seconds = time.perf_counter() - start
-  want = jax.jit(jax.grad(_scalar_loss(model.apply, {})))(params, x)
+  want = jax.jit(jax.grad(training_loss(model.apply, {})))(params, x)
   rows = []
   for method in DEMO_METHODS:
     plan = r.plan if method == "apply" else jaxremat.solve(r.chain, method)
     rm = jaxremat.apply(model.apply, params, x, plan=plan)
-    footprint = jaxremat.measure(_scalar_loss(rm.fn, {}), params, x)
-    got = jax.jit(jax.grad(_scalar_loss(rm.fn, {})))(params, x)
+    footprint = jaxremat.measure(training_loss(rm.fn, {}), params, x)
+    got = jax.jit(jax.grad(training_loss(rm.fn, {})))(params, x)
     rows.append({
         "method": method,
         "checkpoints": list(plan.checkpoints),

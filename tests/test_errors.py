@@ -59,13 +59,17 @@ class DeeperForBigBatches(nn.Module):
 
 
 def test_skip_connection_across_layers_names_the_layers():
-  """The chain tracer names the layers; apply then plans the model as a graph."""
+  """The tracer names the skipping layers; apply plans the model as a graph, and an
+  option graphs do not take names them too."""
   from jaxremat._jaxpr.trace import trace
   x = jnp.ones((2, 4))
   model = SkipAcrossLayers()
-  with pytest.raises(jaxremat.NotAChainError, match=r"reads a value made by layer 1 'first'.*skipping over layer 2 'second'"):
-    trace(model.apply, model.init(jax.random.key(0), x), x, {})
-  assert isinstance(jaxremat.apply(model.apply, model.init(jax.random.key(0), x), x), jaxremat.GraphRemat)
+  params = model.init(jax.random.key(0), x)
+  reason = r"reads a value made by layer 1 'first'.*skipping over layer 2 'second'"
+  assert re.search(reason, trace(model.apply, params, x, {}).not_a_chain)
+  assert jaxremat.apply(model.apply, params, x).is_graph
+  with pytest.raises(jaxremat.NotAChainError, match=reason + ".*method='sqrt'"):
+    jaxremat.apply(model.apply, params, x, method="sqrt")
 
 
 X = jnp.ones((2, 4))
@@ -159,10 +163,8 @@ CASES = [
     Case("gradient-inside-model",
          lambda: jaxremat.apply(jax.grad(lambda p, x: mlp()[0].apply(p, x).sum()), mlp()[1], X),
          jaxremat.UnsupportedModelError, "computes a gradient itself"),
-    Case("graph-with-budget", lambda: apply_to(SkipAcrossLayers(), budget_bytes=10**6),
-         jaxremat.NotAChainError, r"plans it as a graph, which does not support budget_bytes"),
     Case("graph-with-chain-method", lambda: apply_to(SkipAcrossLayers(), method="multilevel"),
-         jaxremat.NotAChainError, r"does not support method='multilevel'"),
+         jaxremat.NotAChainError, r"plans such a model as a graph.*method='multilevel' is not"),
     Case("scan-reverse", lambda: jaxremat.apply(reverse_scan_stack, STACK, X[:, :4]),
          jaxremat.UnsupportedScanError, "reverse"),
     Case("scan-segment-not-divisor", lambda: jaxremat.apply(scan_stack, STACK, X[:, :4], scan_segment=3),
@@ -171,7 +173,7 @@ CASES = [
     Case("unknown-method", lambda: apply_mlp(method="fastest"),
          jaxremat.UnknownMethodError, r"unknown method 'fastest'.*'optimal'"),
     Case("budget-below-least", lambda: apply_mlp(budget_bytes=1000),
-         jaxremat.InfeasibleBudgetError, r"below the least footprint any plan reaches, \d+ bytes"),
+         jaxremat.InfeasibleBudgetError, r"below the least footprint of the plans jaxremat tried as XLA compiles the step: \d+ bytes \(\d+\.\d\d KiB\)"),
     Case("budget-negative", lambda: apply_mlp(budget_bytes=-5),
          jaxremat.InvalidBudgetError, "non-negative number of bytes, got -5"),
     Case("budget-not-a-number", lambda: apply_mlp(budget_bytes="1GB"),
@@ -250,6 +252,11 @@ def test_budget_error_carries_the_least_budget_that_works():
   model, params, _ = mlp()
   with pytest.raises(jaxremat.InfeasibleBudgetError) as info:
     apply_mlp(budget_bytes=1000)
+  least = info.value.min_feasible_bytes  # XLA-measured: budgets verify by default
+  r = jaxremat.apply(model.apply, params, X, budget_bytes=least)
+  assert r.verified[r.plan.checkpoints] <= least
+  with pytest.raises(jaxremat.InfeasibleBudgetError, match="by jaxremat's prediction") as info:
+    apply_mlp(budget_bytes=1000, verify=False)
   r = jaxremat.apply(model.apply, params, X, budget_bytes=info.value.min_feasible_bytes,
                      verify=False)
   assert r.predicted_total_bytes <= info.value.min_feasible_bytes

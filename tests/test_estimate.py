@@ -98,7 +98,7 @@ def test_a_resnet_with_downsampling_blocks_is_estimated_within_3_percent_of_xla(
   r = jaxremat.apply(model.apply, params, x, plan=Plan(checkpoints), **kwargs)
   # The stride-2 blocks (larger input than output cotangent) write g_{i-1} last.
   downsampling = [r.chain.cot_bytes[i - 1] > r.chain.cot_bytes[i] for i in range(1, r.chain.n + 1)]
-  assert r.buffers.late_cotangent == tuple(downsampling) and any(downsampling)
+  assert r._planner.buffers.late_cotangent == tuple(downsampling) and any(downsampling)
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b, **kwargs)[0])),
                               params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.03, (r.predicted_total_bytes, measured)
@@ -139,7 +139,7 @@ def test_a_resnet_whose_final_segment_starts_after_a_projection_block_is_near_xl
   params = jax.jit(model.init)(jax.random.key(0), x)
   kwargs = {"mutable": ["batch_stats"]}
   r = jaxremat.apply(model.apply, params, x, plan=Plan((3, 4, 5, 6)), **kwargs)
-  assert len(r.buffers.operands[5]) >= 2 and not r.buffers.operands_read_input[5]
+  assert len(r._planner.buffers.operands[5]) >= 2 and not r._planner.buffers.operands_read_input[5]
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b, **kwargs)[0])),
                               params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.03, (r.predicted_total_bytes, measured)

@@ -83,7 +83,7 @@ def test_an_elementwise_layer_writes_its_input_cotangent_over_its_output_cotange
   model = nn.Sequential([nn.Dense(32), nn.relu, nn.Dense(16)])
   params = model.init(jax.random.key(0), x)
   r = jaxremat.apply(model.apply, params, x)
-  assert r.buffers.elementwise == (False, True, False)
+  assert r._planner.buffers.elementwise == (False, True, False)
   # Layer 2 (elementwise) at its backward: residual 100 + max(g_2, g_1) = 140, where two
   # separate cotangents would be 100 + 40 + 30 = 170; layer 3's backward is
   # 100 + g_3 + g_2 = 141. No gradient buffers host.

@@ -146,7 +146,7 @@ def test_gradients_equal_plain(name, segment):
   assert r.scans and len(r.scans) == (2 if name == "two-stacks" else 1)
   for stack in r.scans:
     assert stack.segment == (segment if segment != "auto" else stack.segment) < stack.length
-    assert any(e.primitive.name == "jit" for e in r.traced.layers[stack.layer].eqns)
+    assert any(e.primitive.name == "jit" for e in r.fn.traced.layers[stack.layer].eqns)
   want = jax.jit(jax.value_and_grad(_loss(fn)))(params, x)
   _close(want, jax.jit(jax.value_and_grad(_loss(r.fn)))(params, x))
 

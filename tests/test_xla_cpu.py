@@ -41,7 +41,7 @@ def pooled_cnn():
 @cpu_only
 def test_a_pool_layer_holds_zeros_and_one_iota_per_dimension(pooled_cnn):
   r, _ = pooled_cnn
-  by_name = dict(zip(r.chain.names, r.buffers.start))
+  by_name = dict(zip(r.chain.names, r._planner.buffers.start))
   pooled = [s for name, s in by_name.items() if "reduce_window_max" in name]
   assert len(pooled) == 3
   # The pools' operands: the relu outputs, (4, 16, 16, 8), (4, 8, 8, 16), (4, 4, 4, 16).
@@ -50,20 +50,20 @@ def test_a_pool_layer_holds_zeros_and_one_iota_per_dimension(pooled_cnn):
     assert s.indices == ((shape, 4 * 4 * math.prod(shape)),)  # 4 s32 iotas
   # A pool's input cotangent is larger than its output's, but it is the scatter target
   # allocated before the backward: not written last.
-  late = dict(zip(r.chain.names, r.buffers.late_cotangent))
+  late = dict(zip(r.chain.names, r._planner.buffers.late_cotangent))
   assert not any(flag for name, flag in late.items() if "reduce_window_max" in name)
 
 
 @cpu_only
 def test_reversed_kernels_are_found_where_an_input_gradient_is_needed(pooled_cnn):
   r, x = pooled_cnn
-  kernels = [s.kernels for name, s in zip(r.chain.names, r.buffers.start) if name.startswith("layers_")]
+  kernels = [s.kernels for name, s in zip(r.chain.names, r._planner.buffers.start) if name.startswith("layers_")]
   # The first conv reads the batch, which gets no cotangent; the other two convolve
   # their cotangent with the reversed 3x3 kernel; the Dense layer reverses nothing.
   assert kernels == [(), (4 * 9 * 8 * 16,), (4 * 9 * 16 * 16,), ()]
   # The first conv's kernel gradient reads the batch in another layout: a copy of it.
-  assert r.buffers.start[0].batch_copy == x.nbytes
-  assert r.buffers.start[0].indices == ()
+  assert r._planner.buffers.start[0].batch_copy == x.nbytes
+  assert r._planner.buffers.start[0].indices == ()
 
 
 @cpu_only
@@ -154,7 +154,7 @@ def test_a_conv_over_a_smaller_feature_map_holds_its_reversed_kernel_in_the_forw
   x = jnp.ones((4, 4, 4, 3))  # the last two convs see 2x2 maps: swapped
   params = model.init(jax.random.key(0), x)
   r = jaxremat.apply(model.apply, params, x, layer_depth=1)
-  swapped = [s.swapped_kernels for name, s in zip(r.chain.names, r.buffers.start)
+  swapped = [s.swapped_kernels for name, s in zip(r.chain.names, r._planner.buffers.start)
              if name.startswith("layers_")]
   assert swapped == [(), (4 * 9 * 8 * 16,), (4 * 9 * 16 * 16,)]
 
@@ -177,7 +177,7 @@ def test_a_pool_after_a_relu_in_one_layer_holds_the_relu_output_in_its_forward()
   r = jaxremat.apply(model.apply, params, x, layer_depth=1)
   # The second layer pools a ReLU it computes: (4, 16, 16, 8) f32, written for the
   # argmax; the fourth pools its own input, already a buffer.
-  assert [s.pooled_operands for s in r.buffers.start] == [0, 4 * 16 * 16 * 8 * 4, 0, 0]
+  assert [s.pooled_operands for s in r._planner.buffers.start] == [0, 4 * 16 * 16 * 8 * 4, 0, 0]
 
 
 @cpu_only
@@ -191,7 +191,7 @@ def test_an_argmax_writes_the_pooled_values_besides_its_indices():
   hlo = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(p, x) ** 2))).lower(params).compile().as_text()
   for shape in ("4,8,8,8", "4,4,4,8"):
     assert f"(f32[{shape}]{{3,2,1,0}}, " + ", ".join([f"s32[{shape}]{{3,2,1,0}}"] * 4) + ") reduce-window(" in hlo
-  assert [s.argmax_values for s in r.buffers.start] == [0, 4 * 8 * 8 * 8 * 4, 0, 4 * 4 * 4 * 8 * 4]
+  assert [s.argmax_values for s in r._planner.buffers.start] == [0, 4 * 8 * 8 * 8 * 4, 0, 4 * 4 * 4 * 8 * 4]
 
 
 def test_forward_holds_an_input_neither_held_nor_saved():
@@ -221,12 +221,12 @@ def test_a_padded_pool_expands_over_its_padded_operand():
   x = jnp.ones((4, 10, 10, 3))
   params = model.init(jax.random.key(0), x)
   r = jaxremat.apply(model.apply, params, x, layer_depth=1)
-  (shape, nbytes), = r.buffers.start[1].indices
+  (shape, nbytes), = r._planner.buffers.start[1].indices
   hlo = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(p, x) ** 2))).lower(params).compile().as_text()
   assert f"s32[{','.join(map(str, shape))}]" in hlo and "iota" in hlo
   assert shape == (4, 11, 11, 8)
   assert nbytes == 4 * 4 * math.prod(shape)  # four s32 iotas
-  assert r.buffers.start[1].until_backward == 4 * math.prod(shape)  # f32 zeros, padded
+  assert r._planner.buffers.start[1].until_backward == 4 * math.prod(shape)  # f32 zeros, padded
 
 
 @cpu_only
@@ -238,10 +238,10 @@ def test_a_conv_of_a_computed_input_reads_it_relaid_and_an_average_pool_reads_fu
   r = jaxremat.apply(model.apply, params, x, layer_depth=1)
   # The first conv reads the batch (a start buffer); the last reads the pooled map,
   # (4, 8, 8, 8) f32, which its kernel gradient reads relaid out.
-  assert [s.relaid_inputs for s in r.buffers.start] == [0, 0, 4 * 8 * 8 * 8 * 4]
+  assert [s.relaid_inputs for s in r._planner.buffers.start] == [0, 0, 4 * 8 * 8 * 8 * 4]
   # The pool's library fusion reads the ReLU's zeros at the operand's shape and the
   # divisor (the window's 4 elements) at the output's shape, in full.
-  assert dict(r.buffers.start[1].window_constants) == {
+  assert dict(r._planner.buffers.start[1].window_constants) == {
       ((4, 16, 16, 8), "float32", 0.0): 4 * 16 * 16 * 8 * 4,
       ((4, 8, 8, 8), "float32", 4.0): 4 * 8 * 8 * 8 * 4}
 
@@ -316,11 +316,11 @@ def test_the_last_layer_holds_the_output_and_a_loss_gradient_copy_per_reader():
   out = 8 * 128 * 512 * 4  # f32 logits, read by the loss
   # g_n is read as it is by the bias gradient's sum, flattened to 2-D by the input
   # gradient's matmul and relaid by the kernel gradient's (w_n): one copy beyond g_n.
-  assert r.buffers.loss == (out, out)
+  assert r._planner.buffers.loss == (out, out)
   # Over one batch axis all three read it as it is: no copy beyond g_n.
   flat_x = x.reshape(-1, 32)
   flat = jaxremat.apply(model.apply, model.init(jax.random.key(0), flat_x), flat_x)
-  assert flat.buffers.loss == (out, 0)
+  assert flat._planner.buffers.loss == (out, 0)
 
 
 @cpu_only

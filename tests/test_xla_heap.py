@@ -12,7 +12,7 @@ import pytest
 
 import jaxremat
 from jaxremat import zoo
-from jaxremat._bench import loss_of
+from jaxremat._api.loss import training_loss
 from jaxremat._xla_heap import (TempValue, live_peak_bytes, measure_with_temp_values,
                                 read_temp_values, replay_temp_bytes)
 
@@ -69,7 +69,7 @@ def test_tuple_pointer_tables_are_appended_above_the_heap_smallest_first():
 def _step_values(model, x, checkpoints, **kwargs):
   params = model.init(jax.random.key(0), x)
   fn = jaxremat.apply(model.apply, params, x, plan=jaxremat.Plan(checkpoints), **kwargs).fn
-  return measure_with_temp_values(loss_of(fn, kwargs), params, x)
+  return measure_with_temp_values(training_loss(fn, kwargs), params, x)
 
 
 pool = functools.partial(nn.max_pool, window_shape=(2, 2), strides=(2, 2))

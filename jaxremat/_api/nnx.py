@@ -6,13 +6,14 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import inspect
 from typing import Any
 
 import jax
 from flax import nnx
 
-from jaxremat._api.apply import Remat, apply
-from jaxremat._model.chain import Plan
+from jaxremat._api.apply import apply
+from jaxremat._api.result import Remat
 from jaxremat._errors import InputMismatchError
 
 # Keyword arguments that carry the nnx graph and non-differentiated state through
@@ -20,6 +21,10 @@ from jaxremat._errors import InputMismatchError
 _GRAPHDEF = "_jaxremat_nnx_graphdef"
 _STATE = "_jaxremat_nnx_state"
 _WRT = "_jaxremat_nnx_wrt"
+
+# The keyword-only options of ``jaxremat.apply``; apply_nnx passes them on.
+_APPLY_OPTIONS = frozenset(p.name for p in inspect.signature(apply).parameters.values()
+                           if p.kind is p.KEYWORD_ONLY)
 
 # id(module) -> scope name, for the modules of the copy being traced (this context only).
 _SCOPES: contextvars.ContextVar[dict[int, str]] = contextvars.ContextVar("jaxremat_nnx_scopes")
@@ -30,14 +35,7 @@ def apply_nnx(
     batch: Any,
     *,
     wrt: Any = nnx.Param,
-    method: str = "optimal",
-    budget_bytes: int | None = None,
-    plan: Plan | None = None,
-    layer_depth: int | None = None,
-    refine: bool = True,
-    verify: bool | None = None,
-    calibrate: bool = False,
-    **call_kwargs: Any,
+    **kwargs: Any,
 ) -> Remat:
   """Chooses checkpoints for the flax.nnx module ``model`` and returns a drop-in call.
 
@@ -79,10 +77,10 @@ def apply_nnx(
       ``nnx.Optimizer``): it counts as parameters (with gradients) in the byte
       figures; all other state (batch statistics, rng keys) is carried as traced
       arguments.
-    method, budget_bytes, plan, layer_depth, refine, verify, calibrate: as in
-      ``jaxremat.apply``; ``layer_depth=2`` takes the children of the model's children
-      as layers.
-    **call_kwargs: passed to the model on every call; array leaves are traced.
+    **kwargs: the options of ``jaxremat.apply`` (``method``, ``budget_bytes``,
+      ``plan``, ``layer_depth``, ``refine``, ``verify``, ``calibrate``,
+      ``scan_segment``), as there; every other keyword is passed to the model on every
+      call (array leaves are traced).
 
   Returns:
     A ``Remat`` whose ``fn(model, batch, **call_kwargs)`` equals
@@ -95,12 +93,11 @@ def apply_nnx(
       ``jaxremat.apply``.
   """
   _check_module(model)
-  _check_no_nnx_objects(batch, call_kwargs)
+  options = {k: kwargs.pop(k) for k in _APPLY_OPTIONS & kwargs.keys()}
+  _check_no_nnx_objects(batch, kwargs)
   graphdef, params, rest = nnx.split(model, wrt, ...)
-  call_kwargs = {_GRAPHDEF: graphdef, _STATE: rest, _WRT: wrt, **call_kwargs}
-  result = apply(_call_merged, params, batch, method=method, budget_bytes=budget_bytes,
-                 plan=plan, layer_depth=layer_depth, refine=refine, verify=verify,
-                 calibrate=calibrate, **call_kwargs)
+  call_kwargs = {_GRAPHDEF: graphdef, _STATE: rest, _WRT: wrt, **kwargs}
+  result = apply(_call_merged, params, batch, **options, **call_kwargs)
   return dataclasses.replace(result, fn=_NnxDropIn(result.fn, wrt, graphdef, type(model)))
 
 

@@ -7,9 +7,12 @@ from typing import Any
 
 import jax
 
+from jaxremat._errors import InvalidPlanError
 from jaxremat._jaxpr import compat as _compat
-from jaxremat._model.chain import Plan, validate_plan
 from jaxremat._jaxpr.trace import TracedChain
+from jaxremat._model.chain import Plan, validate_plan
+
+_Segment = tuple[Callable[..., Any], list, list]  # (function, its input vars, its output vars)
 
 
 def emit(traced: TracedChain, plan: Plan) -> Callable[[Sequence[Any]], list[Any]]:
@@ -17,14 +20,19 @@ def emit(traced: TracedChain, plan: Plan) -> Callable[[Sequence[Any]], list[Any]
 
   Segment ``(l, r]`` evaluates the equations of layers ``l+1..r``; every segment but the
   last runs inside ``jax.checkpoint(prevent_cse=True)``, so only its inputs (the kept
-  ``x_l`` and the parameters it reads) are saved for the backward pass and the rest is
-  recomputed. The last segment runs plainly: its residuals are needed first anyway. A
-  segment that ``plan.inner`` splits is itself a composition of sub-segments with
-  nested checkpoints (a multi-level plan).
+  values and the parameters it reads) are saved for the backward pass and the rest is
+  recomputed. The last segment runs plainly: its residuals are needed first anyway. On a
+  chain a segment that ``plan.inner`` splits is itself a composition of sub-segments
+  with nested checkpoints (a multi-level plan). On a graph (``traced.is_graph``) a
+  segment's inputs are the values made before it that it reads, and its outputs the
+  values it makes that later layers or the model's result read.
   """
   n = len(traced.layers)
+  if traced.is_graph and plan.is_nested:
+    raise InvalidPlanError("a model that is not a chain takes single-level plans (no Plan.inner).")
   validate_plan(plan, n)
-  root, root_inputs, _ = _segment(traced, 0, n, plan)
+  root, root_inputs, root_outputs = (
+      _graph_root(traced, plan) if traced.is_graph else _segment(traced, 0, n, plan))
   base_vars = [*traced.input_vars, *traced.const_vars]
   prelude = (
       _compat.sub_function(traced.prelude, base_vars, traced.prelude_outputs)
@@ -34,10 +42,20 @@ def emit(traced: TracedChain, plan: Plan) -> Callable[[Sequence[Any]], list[Any]
     env = dict(zip(base_vars, [*flat_inputs, *traced.consts]))
     if prelude is not None:
       env.update(zip(traced.prelude_outputs, prelude(*[env[v] for v in base_vars])))
-    env.update(zip(_segment_outputs(traced, 0, n), root(*[env[v] for v in root_inputs])))
+    env.update(zip(root_outputs, root(*[env[v] for v in root_inputs])))
     return [a.val if isinstance(a, _compat.Literal) else env[a] for a in traced.outvars]
 
   return run
+
+
+def _composed(children: list[_Segment], in_vars: list, out_vars: list) -> Callable[..., Any]:
+  """Runs ``children`` in order over one environment of values."""
+  def composed(*args):
+    env = dict(zip(in_vars, args))
+    for fn, child_in, child_out in children:
+      env.update(zip(child_out, fn(*[env[v] for v in child_in])))
+    return [env[v] for v in out_vars]
+  return composed
 
 
 def _segment_outputs(traced: TracedChain, l: int, r: int) -> list:
@@ -46,8 +64,8 @@ def _segment_outputs(traced: TracedChain, l: int, r: int) -> list:
   return list(dict.fromkeys([*carry, *(v for layer in layers[l:r] for v in layer.side_outputs)]))
 
 
-def _segment(traced: TracedChain, l: int, r: int, plan: Plan | None):
-  """The function of layers ``l+1..r`` split by ``plan`` (``None``: run plainly)."""
+def _segment(traced: TracedChain, l: int, r: int, plan: Plan | None) -> _Segment:
+  """The function of chain layers ``l+1..r`` split by ``plan`` (``None``: run plainly)."""
   layers = traced.layers[l:r]
   in_vars = list(dict.fromkeys([*layers[0].inputs, *(v for layer in layers for v in layer.invariants)]))
   out_vars = _segment_outputs(traced, l, r)
@@ -62,11 +80,30 @@ def _segment(traced: TracedChain, l: int, r: int, plan: Plan | None):
     if k < len(bounds) - 2:
       fn = jax.checkpoint(fn, prevent_cse=True)
     children.append((fn, child_in, child_out))
+  return _composed(children, in_vars, out_vars), in_vars, out_vars
 
-  def composed(*args):
-    env = dict(zip(in_vars, args))
-    for fn, child_in, child_out in children:
-      env.update(zip(child_out, fn(*[env[v] for v in child_in])))
-    return [env[v] for v in out_vars]
 
-  return composed, in_vars, out_vars
+def _graph_root(traced: TracedChain, plan: Plan) -> _Segment:
+  """The whole graph as its segments in order, each reading and writing crossing values."""
+  layers = traced.layers
+  bounds = (0, *plan.checkpoints, len(layers))
+  made_by_layers = {v for layer in layers for e in layer.eqns for v in e.outvars}
+  children, in_all, out_all = [], [], []
+  for k, (l, r) in enumerate(zip(bounds[:-1], bounds[1:])):
+    inside = layers[l:r]
+    made = {v for layer in inside for e in layer.eqns for v in e.outvars}
+    in_vars = list(dict.fromkeys(
+        v for layer in inside for v in (*layer.inputs, *layer.invariants) if v not in made))
+    read_after = {v for layer in layers[r:] for v in layer.inputs}
+    out_vars = list(dict.fromkeys(
+        v for layer in inside for v in (*layer.outputs, *layer.side_outputs)
+        if v in read_after or v in layer.side_outputs))
+    fn = _compat.sub_function([e for layer in inside for e in layer.eqns], in_vars, out_vars)
+    if k < len(bounds) - 2:
+      fn = jax.checkpoint(fn, prevent_cse=True)
+    children.append((fn, in_vars, out_vars))
+    in_all += [v for v in in_vars if v not in made_by_layers]
+    out_all += out_vars
+  in_all = list(dict.fromkeys(in_all))
+  out_all = list(dict.fromkeys(out_all))
+  return _composed(children, in_all, out_all), in_all, out_all

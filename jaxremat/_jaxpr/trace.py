@@ -44,6 +44,12 @@ class TracedChain:
   layers: tuple[Layer, ...]
   outvars: tuple[Any, ...]
   out_tree: Any
+  not_a_chain: str | None = None
+
+  @property
+  def is_graph(self) -> bool:
+    """True when a layer reads a value made two or more layers earlier (skip tensors)."""
+    return self.not_a_chain is not None
 
   @property
   def param_vars(self) -> tuple[_compat.Var, ...]:
@@ -77,7 +83,6 @@ def trace(
     batch: Any,
     kwargs: dict[str, Any],
     layer_depth: int | None = None,
-    graph: bool = False,
 ) -> TracedChain:
   """Traces ``model_fn(params, batch, **kwargs)`` and splits it into a chain of layers.
 
@@ -86,12 +91,12 @@ def trace(
   default the children of the root module. Equations outside any child (``nn.relu`` in
   a ``Sequential``, a reshape) form layers of their own.
 
-  With ``graph``, a layer may read values made by any earlier layer (skip connections):
-  its ``inputs`` are all of them and its ``outputs`` every value a later layer reads.
+  When a layer reads a value made two or more layers earlier (skip connections), the
+  layers are linked as a graph: a layer's ``inputs`` are every value it reads from
+  earlier layers and its ``outputs`` every value a later layer reads, and
+  ``not_a_chain`` says which layer skips which.
 
   Raises:
-    NotAChainError: a layer reads a value made two or more layers earlier (not with
-      ``graph``).
     EmptyModelError: the model has no equations that depend on its batch.
   """
   arrays, kw_tree, static = split_kwargs(kwargs)
@@ -124,7 +129,10 @@ def trace(
     raise EmptyModelError(
         "the model has no layers: its outputs do not depend on the batch through any "
         "computation, so there is nothing to checkpoint.")
-  layers = (_link_graph if graph else _link)(groups, invariant, jaxpr.outvars)
+  try:
+    layers, not_a_chain = _link(groups, invariant, jaxpr.outvars), None
+  except NotAChainError as err:
+    layers, not_a_chain = _link_graph(groups, invariant, jaxpr.outvars), str(err)
   return TracedChain(
       input_vars=input_vars,
       const_vars=const_vars,
@@ -136,6 +144,7 @@ def trace(
       layers=layers,
       outvars=tuple(jaxpr.outvars),
       out_tree=out_tree,
+      not_a_chain=not_a_chain,
   )
 
 

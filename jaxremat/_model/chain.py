@@ -179,7 +179,20 @@ def recompute_flops(chain: Chain, plan: Plan) -> int:
   """
   validate_plan(plan, chain.n)
   if plan.is_nested:
-    from jaxremat._model.simulate import recompute_counts  # _simulate imports this module
-    return sum(k * f for k, f in zip(recompute_counts(chain, plan), chain.flops))
+    return sum(k * f for k, f in zip(_rerun_counts(plan, 0, chain.n), chain.flops))
   last = plan.checkpoints[-1] if plan.checkpoints else 0
   return sum(chain.flops[:last])
+
+
+def _rerun_counts(plan: Plan, l: int, r: int) -> list[int]:
+  """Extra forward runs of layers ``l+1..r`` under ``plan`` splitting segment ``(l, r]``:
+  one per enclosing segment, at any level, that is not the last of its parent."""
+  counts = [0] * (r - l)
+  bounds = (l, *plan.checkpoints, r)
+  inner = dict(plan.inner)
+  for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+    rerun = 1 if k < len(bounds) - 2 else 0
+    sub = _rerun_counts(inner[a], a, b) if a in inner else [0] * (b - a)
+    for i in range(a, b):
+      counts[i - l] += rerun + sub[i - a]
+  return counts

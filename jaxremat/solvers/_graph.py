@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 from jaxremat._model.chain import Plan
-from jaxremat._errors import ChainTooLongError, UnknownMethodError
+from jaxremat._errors import ChainTooLongError, InfeasibleBudgetError, UnknownMethodError
 from jaxremat._model.graph import GraphChain, graph_peak_bytes, graph_recompute_flops
 from jaxremat.solvers._baselines import uniform_plan
 from jaxremat.solvers._brute import MAX_LAYERS
@@ -60,11 +61,7 @@ def solve_graph_optimal(graph: GraphChain) -> Plan:
   before ``l``, of the cuts after a kept cut ``l``; the optimum is
   ``bytes(C_0) + F(0)``. It is exact because the kept values split into disjoint
   ``D`` terms over consecutive kept cuts (``_graph``'s module docstring) and ``L``
-  depends on ``l`` and ``r`` only. Second pass, left to right, at that peak ``P``:
-  ``E(r)``, the least kept bytes at a kept cut ``r`` with every segment so far within
-  ``P`` (least is best: every later segment adds to it), then the smallest last kept
-  cut ``c`` whose final segment fits: the plan recomputes units ``1..c``, the fewest
-  FLOPs of any plan with peak ``P``.
+  depends on ``l`` and ``r`` only. Second pass at that peak: ``_least_recompute``.
 
   O(n^2 + n * (values saved + values)) time, O(n^2) memory.
   """
@@ -72,13 +69,50 @@ def solve_graph_optimal(graph: GraphChain) -> Plan:
   if n <= 1:
     return Plan((), method="optimal")
   big_l, big_d = _segment_terms(graph)
+  return Plan(_least_recompute(graph, big_l, big_d, _least_peak(graph, big_l, big_d)),
+              method="optimal")
+
+
+def solve_graph_budget(graph: GraphChain, budget_bytes: int) -> Plan:
+  """The plan of fewest recomputed FLOPs whose ``graph_peak_bytes`` is at most ``budget_bytes``.
+
+  Raises:
+    InfeasibleBudgetError: the least peak of any plan exceeds the budget (it carries
+      that peak as ``min_feasible_bytes``).
+  """
+  n = graph.n
+  big_l, big_d = _segment_terms(graph) if n > 1 else ([], [])
+  least = _least_peak(graph, big_l, big_d) if n > 1 else graph_peak_bytes(graph, Plan(()))
+  if least > budget_bytes:
+    raise InfeasibleBudgetError(
+        f"budget_bytes={budget_bytes} is below the least model-G peak of any plan, {least} "
+        "bytes.", budget_bytes=budget_bytes, min_feasible_bytes=least)
+  if n <= 1:
+    return Plan((), method="budget")
+  return Plan(_least_recompute(graph, big_l, big_d, budget_bytes), method="budget")
+
+
+def _least_peak(graph: GraphChain, big_l: list[list[int]], big_d: list[list[int]]) -> int:
+  """The least model-G peak (bytes) of any plan: ``bytes(C_0) + F(0)``. Needs ``n >= 2``."""
+  n = graph.n
   f = [0] * (n + 1)
   for l in range(n - 1, -1, -1):
     f[l] = min(max(big_l[l][r - l - 1], big_d[l][r - l - 1] + f[r]) if r < n else big_l[l][-1]
                for r in range(l + 1, n + 1))
-  peak = graph.crossing_bytes(0) + f[0]
-  inf = float("inf")
-  held = [inf] * n
+  return graph.crossing_bytes(0) + f[0]
+
+
+def _least_recompute(graph: GraphChain, big_l: list[list[int]], big_d: list[list[int]],
+                     peak: int) -> tuple[int, ...]:
+  """Kept cuts of the plan recomputing least among those peaking at most ``peak`` (bytes).
+
+  Left to right: ``E(r)``, the least kept bytes at a kept cut ``r`` with every segment
+  so far within ``peak`` (least is best: every later segment adds to it), then the
+  smallest last kept cut ``c`` whose final segment fits: the plan recomputes units
+  ``1..c``, the fewest FLOPs of any plan within ``peak``. Needs a plan within ``peak``.
+  """
+  n = graph.n
+  held = [math.inf] * n
   prev = [0] * n
   held[0] = graph.crossing_bytes(0)
   for r in range(1, n):
@@ -90,7 +124,7 @@ def solve_graph_optimal(graph: GraphChain) -> Plan:
   while last > 0:
     cps.append(last)
     last = prev[last]
-  return Plan(tuple(reversed(cps)), method="optimal")
+  return tuple(reversed(cps))
 
 
 def solve_graph_brute(graph: GraphChain) -> Plan:

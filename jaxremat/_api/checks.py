@@ -1,0 +1,78 @@
+"""Argument checks at the API boundary, and the bytes every plan holds (parameters, batch)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxremat._errors import InvalidArgumentError, InvalidBudgetError, UnsupportedModelError
+from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr.trace import TracedChain, is_array_leaf
+from jaxremat._model.chain import Plan
+from jaxremat.solvers._budget import budget_as_int
+
+
+def check_model_fn(model_fn: Callable[..., Any]) -> None:
+  if not callable(model_fn):
+    raise InvalidArgumentError(
+        f"model_fn must be callable (e.g. model.apply), got {type(model_fn).__name__}.")
+
+
+def check_arrays(what: str, tree: Any) -> None:
+  """Every leaf of ``tree`` is an array; else one error naming the first five that are not."""
+  leaves = jax.tree_util.tree_leaves_with_path(tree)
+  bad = [(jax.tree_util.keystr(p), type(x).__name__) for p, x in leaves if not is_array_leaf(x)]
+  if bad:
+    shown = ", ".join(f"{what}{path} is a {kind}" for path, kind in bad[:5])
+    raise InvalidArgumentError(
+        f"every leaf of {what} must be an array (jax.Array or numpy.ndarray): {shown}. "
+        "Convert with jnp.asarray or pass non-array options as keyword arguments.")
+
+
+def check_options(plan: Any, layer_depth: Any) -> None:
+  if plan is not None and not isinstance(plan, Plan):
+    raise InvalidArgumentError(
+        f"plan must be a jaxremat.Plan, got {type(plan).__name__} {plan!r}; wrap the "
+        "checkpoint indices, e.g. plan=jaxremat.Plan(checkpoints=(2, 5)).")
+  if layer_depth is not None and (isinstance(layer_depth, bool) or not isinstance(layer_depth, int)
+                                  or layer_depth < 0):
+    raise InvalidArgumentError(
+        f"layer_depth must be None or an int >= 0 (0: the root module, 1: its children, "
+        f"...), got {layer_depth!r}.")
+
+
+def check_budget(budget_bytes: Any) -> int | None:
+  """``budget_bytes`` as whole bytes (floats rounded down; +inf: no budget)."""
+  try:
+    budget = budget_as_int(budget_bytes)
+  except TypeError:
+    raise InvalidArgumentError(
+        f"budget_bytes must be a number of bytes (e.g. 2 * 2**30), got "
+        f"{type(budget_bytes).__name__} {budget_bytes!r}.") from None
+  if budget is not None and budget < 0:
+    raise InvalidBudgetError(
+        f"budget_bytes must be a non-negative number of bytes, got {budget_bytes!r}.")
+  return budget
+
+
+def check_float_output(traced: TracedChain) -> None:
+  outs = [getattr(v, "aval", None) for v in traced.outvars]
+  if not any(_compat.is_float(aval) for aval in outs):
+    dtypes = sorted({str(getattr(aval, "dtype", "?")) for aval in outs})
+    raise UnsupportedModelError(
+        f"the model's outputs are all of non-float dtypes {dtypes}: there is no gradient "
+        "to take through them, so nothing to checkpoint. Return the float values the loss "
+        "is computed from (e.g. logits) and take argmax or round outside the model.")
+
+
+def fixed_bytes(params: Any, batch: Any, arrays: Any) -> int:
+  """Bytes held through the whole step: params, batch, array kwargs, parameter gradients."""
+  return _tree_bytes(params) + _tree_bytes(batch) + _tree_bytes(arrays) + _tree_bytes(
+      params, floats_only=True)
+
+
+def _tree_bytes(tree: Any, floats_only: bool = False) -> int:
+  return sum(_compat.aval_bytes(x) for x in jax.tree_util.tree_leaves(tree)
+             if not floats_only or _compat.is_float(x))

@@ -1,0 +1,97 @@
+"""The drop-in function ``apply`` returns: the model run segment by segment under a plan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxremat._errors import InputMismatchError, JaxrematError
+from jaxremat._jaxpr import scan as _scan
+from jaxremat._jaxpr.emit import emit
+from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
+from jaxremat._model.chain import Plan
+
+InputKey = tuple[Any, ...]  # structures, shapes and dtypes of params, batch and kwargs
+
+
+def input_key(params: Any, batch: Any, kwargs: dict[str, Any]) -> InputKey:
+  """What a trace of the model depends on: tree structures, shapes, dtypes, static kwargs."""
+  arrays, kw_tree, static = split_kwargs(kwargs)
+
+  def avals(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((tuple(np.shape(x)), str(x.dtype)) for x in leaves)
+
+  try:
+    hash(static)
+  except TypeError:
+    static = tuple(map(id, static))
+  return avals(params), avals(batch), avals(arrays), kw_tree, static
+
+
+class DropIn:
+  """``fn(params, batch, **kwargs)``: the model run segment by segment under the plan.
+
+  New input shapes (another batch size, or per-example shapes under ``vmap``) re-trace
+  the model; the plan is reused when the new trace has the same layers.
+  """
+
+  def __init__(self, model_fn: Callable[..., Any], plan: Plan, layer_depth: int | None,
+               traced: TracedChain, key: InputKey, segments: tuple[int, ...] | None = None):
+    self._model_fn = model_fn
+    self._segments = segments
+    self._plan = plan
+    self._layer_depth = layer_depth
+    self._names = tuple(layer.name for layer in traced.layers)
+    self._params_key, self._batch_key = key[0], key[1]
+    self._cache = {key: (traced, emit(traced, plan))}
+
+  @property
+  def traced(self) -> TracedChain:
+    """The trace the plan was made for."""
+    return next(iter(self._cache.values()))[0]
+
+  def _trace(self, params: Any, batch: Any, kwargs: dict[str, Any]) -> TracedChain:
+    traced = trace(self._model_fn, params, batch, kwargs, self._layer_depth)
+    if self._segments is not None:
+      traced, _ = _scan.rewrite(traced, self._segments)
+    return traced
+
+  def __call__(self, params: Any, batch: Any, **kwargs: Any) -> Any:
+    key = input_key(params, batch, kwargs)
+    if key not in self._cache:
+      self._check(key)
+      try:
+        traced = self._trace(params, batch, kwargs)
+      except JaxrematError:
+        raise
+      except Exception as err:
+        raise InputMismatchError(
+            f"the model fails on a batch of shapes {[s for s, _ in key[1][1]]} (the plan was "
+            f"made for {[s for s, _ in self._batch_key[1]]}): {type(err).__name__}: {err}") from err
+      names = tuple(layer.name for layer in traced.layers)
+      if names != self._names:
+        raise InputMismatchError(
+            f"with these inputs the model has layers {list(names)}, but the plan was made "
+            f"for {list(self._names)}; call jaxremat.apply again with these inputs.")
+      self._cache[key] = (traced, emit(traced, self._plan))
+    traced, run = self._cache[key]
+    arrays, _, _ = split_kwargs(kwargs)
+    flat = jax.tree_util.tree_leaves((params, batch, arrays))
+    return jax.tree_util.tree_unflatten(traced.out_tree, run(flat))
+
+  def _check(self, key: InputKey) -> None:
+    """Params must match the plan's exactly; the batch may change shapes, not structure."""
+    want, got = self._params_key, key[0]
+    if want[0] != got[0]:
+      raise InputMismatchError(f"params has structure {got[0]}, but the plan was made for {want[0]}.")
+    diffs = [f"leaf {k}: {g} (expected {w})" for k, (w, g) in enumerate(zip(want[1], got[1])) if w != g]
+    if diffs:
+      raise InputMismatchError(
+          "params do not match the ones the plan was made for: " + "; ".join(diffs[:5]))
+    if key[1][0] != self._batch_key[0]:
+      raise InputMismatchError(
+          f"batch has structure {key[1][0]}, but the plan was made for {self._batch_key[0]}.")

@@ -1,0 +1,236 @@
+"""One planning interface over chains (model R and the XLA-aware estimate) and graphs (model G)."""
+
+from __future__ import annotations
+
+import dataclasses
+from jaxremat._backends.estimate import estimate_temp_bytes
+from jaxremat._backends.profile import Buffers
+from jaxremat._backends.refine import MAX_LAYERS as MAX_REFINE_LAYERS
+from jaxremat._backends.refine import neighbours, refine
+from jaxremat._errors import InfeasibleBudgetError, InvalidBudgetError, NotAChainError
+from jaxremat._jaxpr.scan import ScanPlan
+from jaxremat._model.chain import Chain, Plan, recompute_flops, validate_plan
+from jaxremat._model.graph import GraphChain, graph_peak_bytes, graph_recompute_flops
+from jaxremat._model.simulate import simulate_peak_bytes
+from jaxremat.solvers import solve, uniform_plan
+from jaxremat.solvers._graph import GRAPH_SOLVERS, solve_graph, solve_graph_budget
+
+#: Strategies listed by ``Remat.report`` next to the chosen plan.
+REPORTED_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
+_TIE = 0.01  # estimates this close (relative) are a tie: the estimate's errors are larger
+_MODEL_A_MAX_LAYERS = 1_000  # model A's O(n^3) program: 33 ms at n = 1,000
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainPlanner:
+  """Plans for a chain: model R's solvers, refined and predicted by the XLA-aware estimate.
+
+  Attributes:
+    chain: the profiled layers (bytes, FLOPs, names).
+    buffers: the buffers behind the chain's byte counts, for the estimate.
+    fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
+    scans: one ``ScanPlan`` per scanned layer stack.
+  """
+
+  chain: Chain
+  buffers: Buffers
+  fixed_bytes: int
+  scans: tuple[ScanPlan, ...] = ()
+  ranks_candidates = True  # verify compiles the candidates of least prediction first
+
+  @property
+  def input_bytes(self) -> int:
+    """Bytes of the model's input ``x_0`` (part of the batch)."""
+    return self.chain.act_bytes[0]
+
+  def solve(self, method: str, refine_plan: bool = True) -> Plan:
+    plan = solve(self.chain, method)
+    if method == "optimal" and refine_plan:
+      plan = refine(self.chain, self.buffers, plan)
+    return plan
+
+  def solve_budget(self, budget_bytes: int) -> Plan:
+    """The budget plan for a whole-step budget (bytes): model R gets what fixed bytes leave."""
+    offset = self.fixed_bytes - self.chain.act_bytes[0]  # footprint = offset + model-R peak
+    try:
+      return solve(self.chain, "budget", budget_bytes=budget_bytes - offset)
+    except InfeasibleBudgetError as err:
+      raise _below_least(budget_bytes, err.min_feasible_bytes + offset, self.fixed_bytes) from None
+
+  def validate(self, plan: Plan) -> None:
+    validate_plan(plan, self.chain.n)
+
+  def peak_bytes(self, plan: Plan) -> int:
+    """Model R's activation peak of ``plan`` (bytes; the simulator's for nested plans)."""
+    return simulate_peak_bytes(self.chain, plan)
+
+  def total_bytes(self, plan: Plan) -> int:
+    """Predicted XLA footprint of the gradient step under ``plan`` (bytes).
+
+    Arguments and parameter gradients are held for the whole step; on top of them the
+    temp bytes peak as the estimate's live buffers (``estimate_temp_bytes``). A
+    multi-level plan is predicted by model R's event simulator instead.
+    """
+    if plan.is_nested:
+      return self.fixed_bytes + simulate_peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
+    return self.fixed_bytes + estimate_temp_bytes(self.chain, self.buffers, plan)
+
+  def recompute_flops(self, plan: Plan) -> int:
+    return recompute_flops(self.chain, plan)
+
+  def candidates(self, plan: Plan) -> list[Plan]:
+    """Plans worth a compile beside ``plan``: model R's optimum, the best uniform plans by
+    the estimate, the estimate's near ties of both, and model A's optimum."""
+    optimum = solve(self.chain, "optimal")
+    found = [optimum, *self.best_uniform(3), *self.near_ties(plan, 2),
+             *self.near_ties(optimum, 2)]
+    if self.chain.n <= _MODEL_A_MAX_LAYERS:
+      found.append(solve(self.chain, "dp"))
+    return found
+
+  def budget_fallbacks(self) -> list[Plan]:
+    """Plans to try when model R finds none within a budget that XLA may still meet."""
+    least = solve(self.chain, "optimal")
+    return [refine(self.chain, self.buffers, least), least, *self.best_uniform(3)]
+
+  def best_uniform(self, count: int) -> list[Plan]:
+    """The ``count`` checkpoint-every-k plans of least estimated footprint."""
+    plans = [uniform_plan(self.chain.n, k) for k in range(1, self.chain.n)]
+    return sorted(plans, key=lambda p: estimate_temp_bytes(self.chain, self.buffers, p))[:count]
+
+  def near_ties(self, plan: Plan, count: int) -> list[Plan]:
+    """Up to ``count`` plans one checkpoint away from ``plan`` whose estimated temp bytes
+    are within ``_TIE`` of ``plan``'s, least estimate first (then least recompute): plans
+    the estimate cannot tell apart, which XLA's footprint can. None beyond refine's
+    ``MAX_LAYERS`` layers."""
+    n = self.chain.n
+    if n > MAX_REFINE_LAYERS or plan.is_nested:
+      return []
+    near = set(neighbours(plan.checkpoints, n))
+    limit = estimate_temp_bytes(self.chain, self.buffers, plan) * (1 + _TIE)
+    keys = {c: (estimate_temp_bytes(self.chain, self.buffers, Plan(c)),
+                recompute_flops(self.chain, Plan(c))) for c in near}
+    ties = sorted((c for c in near if keys[c][0] <= limit), key=keys.__getitem__)
+    return [Plan(c) for c in ties[:count]]
+
+  def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
+    chain, kept = self.chain, set(plan.checkpoints)
+    last = plan.checkpoints[-1] if plan.checkpoints else 0
+    rows = [("#", "layer", "output", "residuals", "of which input", "plan", "GFLOP")]
+    for i in range(1, chain.n + 1):
+      status = "kept" if i in kept else ("recomputed" if i <= last else "saved")
+      rows.append((str(i), chain.names[i - 1], fmt_bytes(chain.act_bytes[i]),
+                   fmt_bytes(chain.res_bytes[i - 1]), fmt_bytes(chain.input_res_bytes[i - 1]),
+                   status, f"{chain.flops[i - 1] / 1e9:.3f}"))
+    return rows
+
+  def reported_plans(self, plan: Plan) -> dict[str, Plan]:
+    return {m: plan if m == plan.method else solve(self.chain, m)
+            for m in dict.fromkeys([*REPORTED_METHODS, plan.method])}
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphPlanner:
+  """Plans for a graph of layers (skip tensors): model G, solved exactly in O(n^2).
+
+  Attributes:
+    chain: the profiled graph (values, residuals, FLOPs per layer).
+    fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
+    not_a_chain: which layer skips which (the reason the model is planned as a graph).
+  """
+
+  chain: GraphChain
+  fixed_bytes: int
+  not_a_chain: str = ""
+  scans: tuple[ScanPlan, ...] = ()
+  ranks_candidates = False
+
+  @property
+  def input_bytes(self) -> int:
+    """Bytes of the batch values the layers read (cut 0)."""
+    return self.chain.crossing_bytes(0)
+
+  def solve(self, method: str, refine_plan: bool = True) -> Plan:
+    del refine_plan  # model G is solved exactly; there is no estimate to refine against
+    if method not in GRAPH_SOLVERS:
+      raise NotAChainError(
+          f"{self.not_a_chain} jaxremat plans such a model as a graph, whose solvers are "
+          f"{sorted(GRAPH_SOLVERS)}; method={method!r} is not one of them.")
+    return solve_graph(self.chain, method)
+
+  def solve_budget(self, budget_bytes: int) -> Plan:
+    offset = self.fixed_bytes - self.chain.crossing_bytes(0)
+    try:
+      return solve_graph_budget(self.chain, budget_bytes - offset)
+    except InfeasibleBudgetError as err:
+      raise _below_least(budget_bytes, err.min_feasible_bytes + offset, self.fixed_bytes) from None
+
+  def validate(self, plan: Plan) -> None:
+    validate_plan(plan, self.chain.n)
+    if plan.is_nested:
+      raise NotAChainError(
+          f"{self.not_a_chain} jaxremat plans such a model as a graph, which takes "
+          "single-level plans only (no Plan.inner).")
+
+  def peak_bytes(self, plan: Plan) -> int:
+    """Model G's peak of ``plan`` (bytes)."""
+    return graph_peak_bytes(self.chain, plan)
+
+  def total_bytes(self, plan: Plan) -> int:
+    """Fixed bytes plus model G's peak, less the batch (already in the fixed bytes)."""
+    return self.fixed_bytes + graph_peak_bytes(self.chain, plan) - self.chain.crossing_bytes(0)
+
+  def recompute_flops(self, plan: Plan) -> int:
+    return graph_recompute_flops(self.chain, plan)
+
+  def candidates(self, plan: Plan) -> list[Plan]:
+    """In the order to compile them: every layer kept, model G's best uniform plan and
+    optimum, then the plans one kept cut away from ``plan``, least model-G peak first.
+    Not ranked by prediction (``ranks_candidates``): model G orders the plans of a graph
+    less well than the estimate orders a chain's."""
+    g = self.chain
+    near = [Plan(tuple(sorted(set(plan.checkpoints) ^ {k}))) for k in range(1, g.n)]
+    near.sort(key=lambda p: (graph_peak_bytes(g, p), graph_recompute_flops(g, p)))
+    return [*(solve_graph(g, m) for m in ("every-layer", "best-uniform", "optimal")), *near]
+
+  def budget_fallbacks(self) -> list[Plan]:
+    return [solve_graph(self.chain, "optimal"), solve_graph(self.chain, "best-uniform")]
+
+  def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
+    g, kept = self.chain, set(plan.checkpoints)
+    rows = [("#", "layer", "cut keeps", "values", "plan")]
+    for t in range(1, g.n + 1):
+      cut = (fmt_bytes(g.crossing_bytes(t)), str(len(g.crossing(t)))) if t < g.n else ("", "")
+      rows.append((str(t), g.names[t - 1], *cut, "kept cut after" if t in kept else ""))
+    return rows
+
+  def reported_plans(self, plan: Plan) -> dict[str, Plan]:
+    return {m: plan if m == plan.method else solve_graph(self.chain, m)
+            for m in dict.fromkeys(["none", "every-layer", "best-uniform", "optimal",
+                                    plan.method])}
+
+
+Planner = ChainPlanner | GraphPlanner
+
+
+def fmt_bytes(num_bytes: int) -> str:
+  """``num_bytes`` in the largest binary unit it reaches, e.g. ``1.50 MiB``."""
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if abs(num_bytes) >= scale:
+      return f"{num_bytes / scale:.2f} {unit}"
+  return f"{num_bytes} B"
+
+
+def _below_least(budget_bytes: int, least: int, fixed_bytes: int) -> InfeasibleBudgetError:
+  return InfeasibleBudgetError(
+      f"budget_bytes={budget_bytes} ({fmt_bytes(budget_bytes)}) is below the least "
+      f"footprint any plan reaches by jaxremat's prediction, {least} bytes "
+      f"({fmt_bytes(least)}: {fmt_bytes(fixed_bytes)} of parameters, batch and gradients "
+      "plus the least activation peak). Raise the budget or shrink the batch.",
+      budget_bytes=budget_bytes, min_feasible_bytes=least)
+
+
+def check_budget_method(method: str) -> None:
+  if method not in ("optimal", "budget"):
+    raise InvalidBudgetError(
+        f"budget_bytes selects method='budget'; it cannot be combined with method={method!r}.")

@@ -1,0 +1,119 @@
+"""``Remat``: what ``jaxremat.apply`` returns (the drop-in, its plan, predictions, report)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from jaxremat._api.planner import ChainPlanner, Planner, fmt_bytes
+from jaxremat._jaxpr.scan import ScanPlan
+from jaxremat._model.chain import Chain, Plan, peak_bytes
+from jaxremat._model.graph import GraphChain
+from jaxremat.solvers import solve
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Remat:
+  """The result of ``jaxremat.apply``.
+
+  Attributes:
+    fn: a drop-in for ``model_fn``: same signature, same outputs; each non-final
+      segment of the plan runs under ``jax.checkpoint``.
+    plan: the checkpoints chosen (on a graph: the kept cuts after layers).
+    chain: the profiled layers: a ``Chain`` (bytes, FLOPs, names), or a ``GraphChain``
+      when a layer reads a value made two or more layers earlier (U-Net, DenseNet).
+    solve_seconds: wall time of the solver (seconds).
+    fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
+    verified: with ``apply(verify=True)`` or a budget, XLA's footprint (bytes) of each
+      plan compiled, by checkpoints.
+    scans: one ``ScanPlan`` per scanned layer stack (its segment length, its uniform
+      chain), in order.
+  """
+
+  fn: Callable[..., Any]
+  plan: Plan
+  chain: Chain | GraphChain
+  solve_seconds: float
+  fixed_bytes: int
+  verified: dict[tuple[int, ...], int] | None = None
+  scans: tuple[ScanPlan, ...] = ()
+  _planner: Planner | None = dataclasses.field(default=None, repr=False)
+
+  @property
+  def is_graph(self) -> bool:
+    """True when the layers were planned as a graph (model G), not a chain (model R)."""
+    return isinstance(self.chain, GraphChain)
+
+  @property
+  def predicted_peak_bytes(self) -> int:
+    """The memory model's activation peak of the plan (bytes): model R, or model G."""
+    return self._planner.peak_bytes(self.plan)
+
+  @property
+  def predicted_total_bytes(self) -> int:
+    """Predicted XLA footprint of ``jax.grad`` of a scalar loss of ``fn`` (bytes)."""
+    return self.predict_total_bytes(self.plan)
+
+  def predict_total_bytes(self, plan: Plan) -> int:
+    """Predicted XLA footprint of the gradient step under any ``plan`` (bytes).
+
+    Arguments (params, batch, array kwargs) and the parameter gradients are held for the
+    whole step; on top of them the temp bytes peak as the backend's estimate of its live
+    buffers (chains), or as model G's peak (graphs). A multi-level plan is predicted by
+    model R's event simulator.
+    """
+    return self._planner.total_bytes(plan)
+
+  def plot(self, path: str | os.PathLike[str], compare: tuple[str, ...] = ("none", "every-layer", "sqrt"),
+           title: str | None = None) -> None:
+    """Saves a step plot of the live bytes through forward, recompute and backward.
+
+    The chosen plan and each strategy in ``compare`` are replayed by model R's event
+    simulator (``simulate_peak_bytes``); each curve's peak is marked. Needs matplotlib
+    (``pip install "jaxremat[plot]"``).
+
+    Args:
+      path: the file to write; its suffix picks the format (``.png``, ``.svg``).
+      compare: solver methods drawn next to the chosen plan (bytes over event index).
+      title: the figure's title (default: the number of layers).
+
+    Raises:
+      ImportError: matplotlib is not installed.
+      UnknownMethodError: a name in ``compare`` is not a solver method.
+      NotAChainError: the layers were planned as a graph (no timeline to replay).
+    """
+    if not isinstance(self._planner, ChainPlanner):
+      from jaxremat._errors import NotAChainError
+      raise NotAChainError("Remat.plot replays model R's timeline; this model was planned as a graph.")
+    from jaxremat._api.plot import plot_timelines  # matplotlib is optional
+    chain = self._planner.chain
+    plans = [(f"chosen: {self.plan.method or 'plan'}", self.plan)]
+    plans += [(method, solve(chain, method)) for method in compare]
+    plot_timelines(path, chain, plans, title=title or f"{chain.n} layers")
+
+  def report(self) -> str:
+    """A per-layer table and the predicted peak of each strategy."""
+    planner, plan = self._planner, self.plan
+    rows = planner.layer_table(plan)
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    model = "model-G" if self.is_graph else "model-R"
+    lines.append(f"input x_0: {fmt_bytes(planner.input_bytes)}; fixed (params, batch, grads): "
+                 f"{fmt_bytes(self.fixed_bytes)}")
+    lines.append(f"{'strategy':<14}{'checkpoints':>12}{model + ' peak':>16}{'predicted total':>18}"
+                 f"{'recompute GFLOP':>18}")
+    for method, p in planner.reported_plans(plan).items():
+      lines.append(
+          f"{method:<14}{len(p.checkpoints):>12}{fmt_bytes(planner.peak_bytes(p)):>16}"
+          f"{fmt_bytes(planner.total_bytes(p)):>18}{planner.recompute_flops(p) / 1e9:>18.3f}")
+    lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}")
+    for s in self.scans:
+      lines.append(
+          f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "
+          f"{s.segment} (model-R peak {fmt_bytes(s.peak_bytes)}; optimal plan "
+          f"{fmt_bytes(s.optimal_peak_bytes)}; none {fmt_bytes(peak_bytes(s.chain, Plan()))})")
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""Verification by compiling: keep the plan XLA measures smallest, or fit a budget as XLA counts it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from jaxremat._api.planner import Planner, fmt_bytes
+from jaxremat._errors import InfeasibleBudgetError
+from jaxremat._jaxpr import scan as _scan
+from jaxremat._jaxpr.trace import TracedChain
+from jaxremat._model.chain import Plan
+
+#: Whole-step compiles ``verify`` makes at most to pick a plan (the chosen plan included).
+MAX_COMPILES = 6
+#: Candidates predicted more than this fraction above the least prediction are not compiled.
+PRUNE_ABOVE = 0.10
+_SAME_FOOTPRINT = 0.001  # relative: XLA footprints this close are one figure
+_FIT_ROUNDS = 6  # whole-step compiles at most while tightening a budget plan
+
+Measured = dict[tuple[int, ...], int]  # XLA's footprint (bytes) by checkpoints
+
+
+def least_measured(measured: Measured,
+                   recompute: Callable[[tuple[int, ...]], float]) -> tuple[int, ...]:
+  """The plan (checkpoints) of least ``recompute`` FLOPs among those whose XLA footprint
+  (``measured``, bytes) is within ``_SAME_FOOTPRINT`` of the least; then fewest bytes.
+  Footprints a few bytes apart (alignment) are one figure."""
+  least = min(measured.values())
+  close = [c for c in measured if measured[c] <= least * (1 + _SAME_FOOTPRINT)]
+  return min(close, key=lambda c: (recompute(c), measured[c], len(c)))
+
+
+def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES) -> list[Plan]:
+  """``plan`` and up to ``limit - 1`` of the planner's candidates: where the planner ranks
+  its candidates by prediction, least predicted first, leaving out those predicted over
+  ``PRUNE_ABOVE`` above the least prediction; else in the planner's order."""
+  found = {p.checkpoints: Plan(p.checkpoints) for p in planner.candidates(plan) if not p.is_nested}
+  found.pop(plan.checkpoints, None)
+  ranked = list(found)
+  if planner.ranks_candidates:
+    predicted = {c: planner.total_bytes(p) for c, p in found.items()}
+    least = min([planner.total_bytes(plan), *predicted.values()])
+    ranked = sorted((c for c in found if predicted[c] <= least * (1 + PRUNE_ABOVE)),
+                    key=lambda c: (predicted[c], planner.recompute_flops(found[c])))
+  return [plan, *(found[c] for c in ranked[:limit - 1])]
+
+
+def verify_plan(planner: Planner, plan: Plan,
+                measured_bytes: Callable[[Plan], int]) -> tuple[Plan, Measured]:
+  """Compiles ``shortlist(planner, plan)`` and keeps the plan XLA measures smallest."""
+  measured = {p.checkpoints: measured_bytes(p) for p in shortlist(planner, plan)}
+  best = least_measured(measured, lambda c: planner.recompute_flops(Plan(c)))
+  if best == plan.checkpoints:
+    return plan, measured
+  return Plan(best, method=f"{plan.method}+verified"), measured
+
+
+def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Plan], int],
+               plan: Plan | None) -> tuple[Plan, Measured]:
+  """Tightens the budget plan until XLA's footprint of it fits ``budget_bytes``.
+
+  Each round measures the plan; when XLA's figure exceeds the budget by ``d`` bytes, the
+  model's budget is lowered by ``d`` and the plan solved again. When the model runs out
+  of plans first (or had none: ``plan`` is None), the planner's fallback plans are
+  measured, least recompute first, and the first that fits is kept.
+
+  Raises:
+    InfeasibleBudgetError: no plan tried fits; it carries the least XLA-measured footprint.
+  """
+  seen: Measured = {}
+  model_budget = budget_bytes
+  for _ in range(_FIT_ROUNDS if plan is not None else 0):
+    seen[plan.checkpoints] = measured = measured_bytes(plan)
+    if measured <= budget_bytes:
+      return plan, seen
+    model_budget -= measured - budget_bytes
+    try:
+      plan = planner.solve_budget(model_budget)
+    except InfeasibleBudgetError:
+      break
+  fallback = dict.fromkeys(Plan(p.checkpoints) for p in planner.budget_fallbacks())
+  for candidate in sorted(fallback, key=planner.recompute_flops):
+    if candidate.checkpoints not in seen:
+      seen[candidate.checkpoints] = measured_bytes(candidate)
+    if seen[candidate.checkpoints] <= budget_bytes:
+      return Plan(candidate.checkpoints, method="budget"), seen
+  least = min(seen.values())
+  raise InfeasibleBudgetError(
+      f"budget_bytes={budget_bytes} ({fmt_bytes(budget_bytes)}) is below the least footprint "
+      f"of the plans jaxremat tried as XLA compiles the step: {least} bytes "
+      f"({fmt_bytes(least)}). Raise the budget or shrink the batch.",
+      budget_bytes=budget_bytes, min_feasible_bytes=least)
+
+
+def measured_segments(traced: TracedChain,
+                      measured_bytes: Callable[[TracedChain, tuple[_scan.ScanPlan, ...]], int]
+                      ) -> tuple[int, ...] | str:
+  """Per scanned stack, the segment length (a divisor of its length) whose training step
+  XLA measures smallest, one stack at a time, the others as model R chose."""
+  _, scans = _scan.rewrite(traced, "auto")
+  segments = [s.segment for s in scans]
+  for j, s in enumerate(scans):
+    sizes = {}
+    for k in _scan.divisors(s.length):
+      trial = (*segments[:j], k, *segments[j + 1:])
+      sizes[k] = measured_bytes(*_scan.rewrite(traced, trial))
+    segments[j] = min(sizes, key=lambda k: (sizes[k], -k))
+  return tuple(segments) if scans else "auto"
