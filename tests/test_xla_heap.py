@@ -4,6 +4,7 @@ rules, and the replay against the temp bytes XLA itself allocates."""
 import functools
 import lzma
 import pathlib
+import sys
 
 import flax.linen as nn
 import jax
@@ -13,8 +14,12 @@ import pytest
 import jaxremat
 from jaxremat import zoo
 from jaxremat._bench import loss_of
-from jaxremat._xla_heap import (TempValue, live_peak_bytes, measure_with_temp_values,
-                                read_temp_values, replay_temp_bytes)
+
+# bench/ is not installed: import it from the repository root (appended, so an installed
+# jaxremat still comes first).
+sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.xla_heap import (TempValue, live_peak_bytes,  # noqa: E402
+                            measure_with_temp_values, read_temp_values, replay_temp_bytes)
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU dumps")
 

@@ -1,5 +1,9 @@
 """XLA's temp allocation, read back from a compile's dump and replayed.
 
+A bench helper, not part of the installed package: ``bench/live_peak.py``,
+``bench/heap_replay.py`` and ``bench/dump_packing.py`` use it, and
+``tests/test_xla_heap.py`` tests it.
+
 A compiled step's temp allocation holds XLA's own values (post-fusion HLO values, each
 with an offset, a size and a live range over XLA's schedule). Its size is what XLA's
 heap placement makes of them, and that can exceed their peak live bytes: the rest is
@@ -7,7 +11,7 @@ packing, room left between buffers. This module reads the values off an XLA dump
 (``read_temp_values``), sums their live bytes at each step (``live_peak_bytes``), and
 replays XLA's placement over them (``replay_temp_bytes``), which reproduces the
 allocation's size: the packing is fully set by those values and their order, none of
-which the jaxpr has (docs/memory-model.md, "Where packing comes from").
+which the jaxpr has (docs/memory-model.md, "Heap packing").
 
 The replay follows XLA's heap simulator (``HeapSimulator`` with the
 ``GlobalDecreasingSizeBestFitHeap`` placements its buffer assigner runs, the smaller of
@@ -28,7 +32,7 @@ the two kept):
   the heap, smallest first (then by falling value id), each aligned.
 
 The dumps of XLA's GPU backend read the same way; its buffers are 256-byte aligned
-(``replay_temp_bytes(values, 256)`` reproduces the H100 dumps in bench/results/), the
+(``replay_temp_bytes(values, 256)`` reproduces the H100 dumps in tests/data/h100/), the
 CPU's 64 (the default).
 """
 
@@ -42,7 +46,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxremat._measure import Footprint, measure
+from jaxremat import Footprint, measure
 
 #: XLA's CPU buffer alignment (bytes).
 CPU_ALIGNMENT = 64
