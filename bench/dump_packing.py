@@ -1,7 +1,11 @@
 """Packing in recorded XLA dumps: temp bytes, live peak and heap replay per compiled step.
 
-    PYTHONPATH=. python bench/dump_packing.py \\
-        bench/results/gpu-h100-2026-11-23-run2/xla-dumps-compile-only.tar.xz [--out F.md]
+    PYTHONPATH=. python bench/dump_packing.py DUMPS [--out F.md]
+
+DUMPS is a directory of XLA dumps or a .tar.xz of one. Dumps are not kept in git: make
+them with ``PYTHONPATH=. python bench/gpu_validate.py OUT --compile-only --dump DUMPS`` on
+a GPU (the archives of the H100 run in bench/results/gpu-h100/ are in commit 929b4fa,
+``bench/results/gpu-h100-2026-11-23-run2/xla-dumps-*.tar.xz``).
 
 Reads every ``*jit_loss*after_optimizations-{buffer-assignment,live-range}.txt`` pair in
 the archive (one directory per model and plan, as ``gpu_validate.py --dump`` writes

@@ -1,7 +1,7 @@
 """How much of each prediction error is XLA's heap packing: live temp bytes against temp.
 
-    PYTHONPATH=. python bench/live_peak.py bench/results/memory-cpu-DATE.json \
-        [--models a,b] --out bench/results/live-peak-cpu-DATE.json
+    PYTHONPATH=. python bench/live_peak.py bench/results/memory-cpu/memory.json \
+        [--models a,b] --out bench/results/live-peak-cpu/live-peak.json
 
 For every row of a ``bench/memory.py`` JSON that has a plan and a prediction, it compiles
 the plan's gradient step again (as ``jaxremat.measure`` does) with an XLA dump and reads
