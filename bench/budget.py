@@ -1,6 +1,6 @@
 """Budget mode on the zoo: does XLA's footprint of ``apply(budget_bytes=B)`` stay within B?
 
-    python bench/budget.py [--out bench/results/budget-cpu-DATE.md]
+    python bench/budget.py [--out bench/results/budget-cpu/budget.md]
 
 For each CPU-sized zoo model (bench/memory.py), B is set to 50% and 75% of the way from
 the least footprint jaxremat reaches to the no-remat footprint (both XLA-measured).

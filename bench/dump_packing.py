@@ -1,11 +1,15 @@
 """Packing in recorded XLA dumps: temp bytes, live peak and heap replay per compiled step.
 
-    PYTHONPATH=. python bench/dump_packing.py \\
-        bench/results/gpu-h100-2026-11-23-run2/xla-dumps-compile-only.tar.xz [--out F.md]
+    PYTHONPATH=. python bench/dump_packing.py DUMPS [--out F.md]
+
+DUMPS is a directory of XLA dumps or a .tar.xz of one. Dumps are not kept in git: make
+them with ``PYTHONPATH=. python bench/gpu_validate.py OUT --compile-only --dump DUMPS`` on
+a GPU (the archives of the H100 run in bench/results/gpu-h100/ are in commit 929b4fa,
+``bench/results/gpu-h100-2026-11-23-run2/xla-dumps-*.tar.xz``).
 
 Reads every ``*jit_loss*after_optimizations-{buffer-assignment,live-range}.txt`` pair in
 the archive (one directory per model and plan, as ``gpu_validate.py --dump`` writes
-them) with ``jaxremat._xla_heap``: the step's temp allocation, the peak live bytes of its
+them) with ``bench/xla_heap.py``: the step's temp allocation, the peak live bytes of its
 values, and the allocation XLA's heap placement makes of them, replayed at each buffer
 alignment tried (the first that reproduces XLA's figure is reported). No accelerator is
 needed: the figures are read off dumps a GPU run recorded.
@@ -20,7 +24,8 @@ import sys
 import tarfile
 import tempfile
 
-from jaxremat import _xla_heap
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import xla_heap  # noqa: E402  (bench/xla_heap.py: a dump's temp values, XLA's heap replayed)
 
 _ALIGNMENTS = (64, 128, 256)  # bytes: 64 reproduces the CPU dumps, 256 the H100 ones
 
@@ -32,11 +37,11 @@ def rows(root: str) -> list[dict]:
   for assignment in sorted(glob.glob(os.path.join(
       root, "**", "*jit_loss*after_optimizations-buffer-assignment.txt"), recursive=True)):
     live_range = assignment.replace("-buffer-assignment.txt", "-live-range.txt")
-    temp, values = _xla_heap.read_temp_values(assignment, live_range)
-    replays = {a: _xla_heap.replay_temp_bytes(values, a) for a in _ALIGNMENTS}
+    temp, values = xla_heap.read_temp_values(assignment, live_range)
+    replays = {a: xla_heap.replay_temp_bytes(values, a) for a in _ALIGNMENTS}
     match = next((a for a, r in replays.items() if r == temp), None)
     out.append({"step": os.path.relpath(os.path.dirname(assignment), root), "temp": temp,
-                "live": _xla_heap.live_peak_bytes(values),
+                "live": xla_heap.live_peak_bytes(values),
                 "replay": replays[match if match else _ALIGNMENTS[-1]], "alignment": match})
   return out
 

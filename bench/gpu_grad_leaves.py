@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python bench/gpu_grad_leaves.py
 
+(Recorded on an H100 in bench/results/gpu-h100/grad-leaves-2026-11-23-first.txt.)
+
 For the GPU validation's ViT (vit-d384-L12-b256) and GPT (gpt-d512-L8-b8-s1024), prints
 the largest gradient entry of the whole tree, the largest difference relative to it, and
 the four leaves with the largest per-leaf relative difference (difference, the leaf's

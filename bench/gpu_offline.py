@@ -1,6 +1,6 @@
 """GPU predictions against recorded GPU measurements, computed on any machine.
 
-    PYTHONPATH=. python bench/gpu_offline.py bench/results/gpu-h100-2026-11-23/compile-only.json [--out F.md]
+    PYTHONPATH=. python bench/gpu_offline.py bench/results/gpu-h100/compile-only.json [--out F.md]
 
 For each model of a ``gpu_validate.py --compile-only`` result, traces the model here and
 profiles it as XLA's GPU backend keeps it (``profile(backend="gpu")``), predicts the
@@ -30,7 +30,8 @@ from jaxremat._model.chain import Plan  # noqa: E402
 from gpu_validate import model_input, models  # noqa: E402
 
 
-#: Models of earlier GPU runs (bench/results/gpu-h100-2026-11-22-run1) at other batch sizes.
+#: Models of earlier GPU runs at other batch sizes (the 2026-11-22 H100 runs, in git history:
+#: bench/results/gpu-h100-2026-11-22-run1 at commit 929b4fa).
 EARLIER = {
     "vgg16-b128-32px": ("zoo.vgg('vgg16')", (128, 32, 32, 3), "float32", {}),
     "resnet18-b256-32px": ("zoo.resnet((2, 2, 2, 2))", (256, 32, 32, 3), "float32", {}),

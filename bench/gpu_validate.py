@@ -4,12 +4,17 @@ Runs from the source tree with no installs (jax with CUDA, flax, optax and chex 
 present; no network needed):
 
     PYTHONPATH=. python bench/gpu_validate.py OUTDIR [--quick] [--budget-seconds 540]
+    PYTHONPATH=. python bench/gpu_validate.py OUTDIR --compile-only [--dump DUMPS]
 
 Every (model, strategy) runs in a fresh process with XLA_PYTHON_CLIENT_PREALLOCATE=false,
 so ``peak_bytes_in_use`` is that configuration's alone. jaxremat's plans are compiled
 with XLA's own rematerialisation disabled; XLA's auto-remat is run on the plain model
 with its memory limit set to jaxremat's optimal footprint (and around it).
-Writes OUTDIR/gpu_validation.json and OUTDIR/gpu_validation.md.
+Writes OUTDIR/gpu_validation.json and OUTDIR/gpu_validation.md. ``--compile-only`` only
+compiles each plan (and XLA's auto-remat at several slop factors); ``--dump DUMPS`` then
+keeps XLA's buffer assignments and live ranges per model and plan under DUMPS, for
+``bench/dump_packing.py``. Dumps are not kept in git; the latest H100 results are in
+bench/results/gpu-h100/.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Compiles the plan's gradient step (as ``bench/live_peak.py`` does) with an XLA dump,
 reads the temp allocation's values off it and prints XLA's temp bytes, their peak live
-bytes and the allocation ``jaxremat._xla_heap.replay_temp_bytes`` makes of them (XLA's
+bytes and the allocation ``replay_temp_bytes`` of bench/xla_heap.py makes of them (XLA's
 best-fit heap, largest-first and longest-first, replayed). CPU only.
 """
 
@@ -17,11 +17,11 @@ import sys
 import jax
 
 import jaxremat
-from jaxremat import _xla_heap
 
 sys.path.insert(0, os.path.dirname(__file__))
 import live_peak  # noqa: E402  (bench/live_peak.py: a plan's step and its temp values)
 import memory  # noqa: E402  (bench/memory.py: the zoo models and their batches)
+import xla_heap  # noqa: E402  (bench/xla_heap.py: XLA's heap replayed)
 
 
 def main() -> int:
@@ -36,7 +36,7 @@ def main() -> int:
   plan = jaxremat.Plan(tuple(int(c) for c in args.checkpoints.split(",") if c))
   footprint, values = live_peak.measure_plan(spec, model, params, x, plan)
   print(f"{args.model} {plan.checkpoints}: XLA temp {footprint.temp_bytes} B, live peak "
-        f"{_xla_heap.live_peak_bytes(values)} B, replay {_xla_heap.replay_temp_bytes(values)} B "
+        f"{xla_heap.live_peak_bytes(values)} B, replay {xla_heap.replay_temp_bytes(values)} B "
         f"({len(values)} values)")
   return 0
 

@@ -1,11 +1,11 @@
 """How much of each prediction error is XLA's heap packing: live temp bytes against temp.
 
-    PYTHONPATH=. python bench/live_peak.py bench/results/memory-cpu-DATE.json \
-        [--models a,b] --out bench/results/live-peak-cpu-DATE.json
+    PYTHONPATH=. python bench/live_peak.py bench/results/memory-cpu/memory.json \
+        [--models a,b] --out bench/results/live-peak-cpu/live-peak.json
 
 For every row of a ``bench/memory.py`` JSON that has a plan and a prediction, it compiles
 the plan's gradient step again (as ``jaxremat.measure`` does) with an XLA dump and reads
-off it the temp allocation's values (``jaxremat._xla_heap``): their peak live bytes (the
+off it the temp allocation's values (``bench/xla_heap.py``): their peak live bytes (the
 most bytes of the allocation holding a live value at one point of XLA's schedule; an
 output written over its operand in place shares its bytes, and counts once), and the
 allocation XLA's heap placement makes of them, replayed (``replay_bytes``; it should
@@ -28,18 +28,18 @@ import sys
 import jax
 
 import jaxremat
-from jaxremat import _xla_heap
 from jaxremat._api.loss import training_loss
 
 sys.path.insert(0, os.path.dirname(__file__))
 import memory  # noqa: E402  (bench/memory.py: the zoo models and their batches)
+import xla_heap  # noqa: E402  (bench/xla_heap.py: a dump's temp values, XLA's heap replayed)
 
 
 def measure_plan(spec: memory.ZooModel, model, params, x, plan: jaxremat.Plan):
   """``(Footprint, temp values)`` of ``plan``'s gradient step on ``spec``'s model
-  (``jaxremat._xla_heap.measure_with_temp_values`` of the benchmark's loss)."""
+  (``xla_heap.measure_with_temp_values`` of the benchmark's loss)."""
   fn = jaxremat.apply(model.apply, params, x, plan=plan, **spec.kwargs).fn
-  return _xla_heap.measure_with_temp_values(training_loss(fn, spec.kwargs), params, x)
+  return xla_heap.measure_with_temp_values(training_loss(fn, spec.kwargs), params, x)
 
 
 def main() -> int:
@@ -69,8 +69,8 @@ def main() -> int:
       rows.append({"model": name, "strategy": r["strategy"], "checkpoints": r["checkpoints"],
                    "predicted_bytes": base.predict_total_bytes(plan),
                    "measured_bytes": footprint.total_bytes,
-                   "live_bytes": fixed + _xla_heap.live_peak_bytes(values),
-                   "replay_bytes": fixed + _xla_heap.replay_temp_bytes(values)})
+                   "live_bytes": fixed + xla_heap.live_peak_bytes(values),
+                   "replay_bytes": fixed + xla_heap.replay_temp_bytes(values)})
       print(_line(rows[-1]), file=sys.stderr, flush=True)
   meta = {"date": datetime.date.today().isoformat(), "command": " ".join(["python", *sys.argv]),
           "source": args.rows,

@@ -1,8 +1,8 @@
 """Memory benchmark: XLA-compiled footprint and recompute of each remat strategy on the zoo.
 
     PYTHONPATH=. python bench/memory.py [--quick] [--models a,b] [--strategies x,y]
-        [--out bench/results/memory-cpu-DATE.json] [--plots docs/img]
-    PYTHONPATH=. python bench/memory.py --replot bench/results/memory-cpu-DATE.json --plots docs/img
+        [--out bench/results/memory-cpu/memory.json] [--plots docs/img]
+    PYTHONPATH=. python bench/memory.py --replot bench/results/memory-cpu/memory.json --plots docs/img
 
 For each zoo model (``MODELS``, CPU-sized) and strategy (``STRATEGIES``) it records
 jaxremat's predicted footprint where it makes one (``predicted_total_bytes``), XLA's

@@ -1,6 +1,6 @@
 """Flax models this project has never seen: apply's plan against every uniform plan.
 
-    PYTHONPATH=. python bench/unseen.py [--out bench/results/unseen-cpu-DATE.json]
+    PYTHONPATH=. python bench/unseen.py [--out bench/results/unseen-cpu/unseen.json]
 
 For each model (defined here, not in the zoo): ``jaxremat.apply`` with its defaults,
 XLA's footprint of its gradient step against the prediction, the footprint of every

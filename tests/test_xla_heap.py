@@ -2,8 +2,9 @@
 rules, and the replay against the temp bytes XLA itself allocates."""
 
 import functools
-import os
-import tarfile
+import lzma
+import pathlib
+import sys
 
 import flax.linen as nn
 import jax
@@ -13,8 +14,12 @@ import pytest
 import jaxremat
 from jaxremat import zoo
 from jaxremat._api.loss import training_loss
-from jaxremat._xla_heap import (TempValue, live_peak_bytes, measure_with_temp_values,
-                                read_temp_values, replay_temp_bytes)
+
+# bench/ is not installed: import it from the repository root (appended, so an installed
+# jaxremat still comes first).
+sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.xla_heap import (TempValue, live_peak_bytes,  # noqa: E402
+                            measure_with_temp_values, read_temp_values, replay_temp_bytes)
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU dumps")
 
@@ -95,20 +100,19 @@ def test_the_replay_is_xlas_temp_allocation_to_the_byte(name, build, shape, chec
   assert live_peak_bytes(values) <= replayed, name
 
 
-_H100_DUMPS = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "results",
-                           "gpu-h100-2026-11-23-run2", "xla-dumps-compile-only.tar.xz")
+#: Two steps' buffer-assignment and live-range dumps from the second H100 run of
+#: 2026-11-23 (jax 0.11.2), xz-compressed; tests/data/README.md says where they come from.
+_H100_DUMPS = pathlib.Path(__file__).resolve().parent / "data" / "h100"
 
 
-@pytest.mark.skipif(not os.path.exists(_H100_DUMPS), reason="run from the source tree")
-@pytest.mark.parametrize("step", ["mlp-uneven-b4096/optimal", "vgg16-b512-32px/optimal"])
+@pytest.mark.parametrize("step", ["mlp-uneven-b4096-optimal", "vgg16-b512-32px-optimal"])
 def test_the_replay_is_xlas_temp_allocation_in_recorded_h100_dumps(step, tmp_path):
   # The MLP's plan is one where the H100's heap leaves 32 MiB (5.6%) between buffers.
-  with tarfile.open(_H100_DUMPS) as archive:
-    members = [m for m in archive.getmembers()
-               if m.name.startswith(f"dump/{step}/") and "jit_loss" in m.name
-               and m.name.endswith(("-buffer-assignment.txt", "-live-range.txt"))]
-    archive.extractall(tmp_path, members=members, filter="data")
-  paths = sorted(str(tmp_path / m.name) for m in members)  # buffer-assignment, live-range
+  paths = []
+  for kind in ("buffer-assignment", "live-range"):
+    path = tmp_path / f"{kind}.txt"
+    path.write_bytes(lzma.decompress((_H100_DUMPS / f"{step}-{kind}.txt.xz").read_bytes()))
+    paths.append(str(path))
   temp, values = read_temp_values(*paths)
   assert temp > 0 and values
   assert replay_temp_bytes(values, alignment=256) == temp
