@@ -12,7 +12,7 @@ import pytest
 from jaxremat import (Chain, InvalidChainError, InvalidPlanError, JaxrematError, Plan,
                       peak_bytes, recompute_flops)
 
-# The worked example of DESIGN.md ("Memory model R").
+# The worked example of docs/design.md ("Memory model R").
 from oracles import literal_peak_of, literal_recompute_flops, random_chain  # noqa: E402
 
 WORKED_A = [1, 2, 2, 2, 1]

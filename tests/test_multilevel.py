@@ -16,7 +16,7 @@ from jaxremat.solvers import _multilevel
 
 from oracles import literal_peak_of, literal_recompute_flops, random_chain  # noqa: E402
 
-WORKED = Chain([1, 2, 2, 2, 1], [3, 3, 3, 3])  # DESIGN.md: single-level optimum 11 at {2, 3}
+WORKED = Chain([1, 2, 2, 2, 1], [3, 3, 3, 3])  # docs/design.md: single-level optimum 11 at {2, 3}
 
 
 # --- independent oracles for nested plans -----------------------------------------------

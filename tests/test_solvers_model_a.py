@@ -13,7 +13,7 @@ from oracles import POOLS, all_plans  # noqa: E402
 
 
 def literal_cost_a(d, checkpoints):
-  """DESIGN.md: sum of d_c over c in C ∪ {0, n}, plus the largest sum_{l<t<r} d_t."""
+  """docs/design.md: sum of d_c over c in C ∪ {0, n}, plus the largest sum_{l<t<r} d_t."""
   n = len(d) - 1
   kept = sorted({0, n, *checkpoints})
   interiors = [sum(d[t] for t in range(l + 1, r)) for l, r in zip(kept, kept[1:])]

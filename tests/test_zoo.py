@@ -58,7 +58,7 @@ def tiny(request):
 
 def _compiled_step(fn, kwargs, params, x):
   """The jitted gradient step (gradients and outputs), compiled as XLA would run it; on CPU
-  with the optimization barriers kept (DESIGN.md), so that remat is not undone."""
+  with the optimization barriers kept (docs/design.md), so that remat is not undone."""
   cpu = jax.default_backend() == "cpu"
   keep = {"xla_disable_hlo_passes": "cse_barrier_expander"} if cpu else None
   step = jax.jit(jax.grad(_loss(fn, kwargs, with_outputs=True), has_aux=True))

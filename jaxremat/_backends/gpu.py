@@ -15,7 +15,7 @@ largest such intermediate is the layer's workspace ``w_i``. A max-pool's gradien
 a zero-filled scatter target and argmax indices (``pool_buffers``).
 
 Read off the buffer assignments of an H100 (jax 0.11.2;
-bench/results/gpu-h100-2026-11-23): without remat these rules take the ViT from +63%
+bench/results/gpu-h100): without remat these rules take the ViT from +63%
 to +0.5% of XLA's compiled footprint, the GPT from +19% to −3.4%, ResNet-18 from +42%
 to −3.9% (``bench/gpu_offline.py``).
 """

@@ -144,7 +144,7 @@ def validate_plan(plan: Plan, n: int, start: int = 0, *, nested: bool = False) -
 
 
 def peak_bytes(chain: Chain, plan: Plan) -> int:
-  """Peak bytes of the backward pass under model R (DESIGN.md), with refinements.
+  """Peak bytes of the backward pass under model R (docs/design.md), with refinements.
 
   For each segment ``(l, r]`` and each layer ``i`` in it, the live bytes are the held
   checkpoints ``x_c`` with ``c <= l`` (``x_0`` included), the residuals of layers
