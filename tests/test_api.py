@@ -9,6 +9,8 @@ import pytest
 import jaxremat
 from jaxremat import zoo
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 KEY = jax.random.key(0)
 
 # (name, model, input, kwargs for apply, tolerance)

@@ -3,10 +3,13 @@
 import json
 
 import jax
+import pytest
 import jax.numpy as jnp
 
 import jaxremat
 from jaxremat import _bench, cli
+
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
 
 
 def test_plan_prints_the_report_and_json(capsys):

@@ -34,6 +34,7 @@ def test_relative_links_resolve(page):
     assert (DOCS / target).resolve().exists(), f"{page} links to missing {target}"
 
 
+@pytest.mark.xla
 def test_quickstart_code_runs(tmp_path, monkeypatch):
   """Every python block of the quickstart runs, in order, in one namespace."""
   monkeypatch.chdir(tmp_path)

@@ -18,6 +18,8 @@ import pytest
 import jaxremat
 from jaxremat import zoo
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 ERRORS_MD = pathlib.Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 
 

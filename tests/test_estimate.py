@@ -14,6 +14,8 @@ from jaxremat._backends.profile import Buffers
 from jaxremat._backends.cpu import StartBuffers
 from jaxremat.solvers import uniform_plan
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU buffer assignment")
 
 

@@ -7,6 +7,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 

@@ -89,7 +89,7 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
+@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.xla) for m in sorted(MODELS)])
 def zoo_model(request):
   model, shape = MODELS[request.param]
   x = jax.random.normal(jax.random.key(1), shape)
@@ -182,6 +182,7 @@ FOOTPRINT_MODELS = {
 SLOW = pytest.mark.skipif(not os.environ.get("JAXREMAT_SLOW_TESTS"), reason="set JAXREMAT_SLOW_TESTS=1")
 
 
+@pytest.mark.xla
 @pytest.mark.parametrize("name", ["unet", pytest.param("densenet", marks=SLOW)])
 def test_verified_plan_measures_below_no_remat_and_every_uniform_plan(name):
   """XLA's footprint of the chosen plan against no remat and every checkpoint-every-k plan.

@@ -13,6 +13,8 @@ from jaxremat._jaxpr.trace import trace
 from jaxremat._backends.cpu import library_fusions
 from jaxremat.solvers import uniform_plan
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU library fusions of XLA")
 
 B, T, D, H = 4, 16, 32, 64  # batch, tokens, features, hidden

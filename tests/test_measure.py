@@ -8,6 +8,8 @@ import jaxremat
 from jaxremat import zoo
 from jaxremat.solvers import uniform_plan
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 
 def _loss(fn):
   return lambda p, x: jnp.mean(jnp.square(fn(p, x)))

@@ -10,6 +10,8 @@ from flax import nnx
 
 import jaxremat
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 
 def _rngs(seed=0, **streams):
   """nnx.Rngs on the "rbg" PRNG: its initializers compile in a fraction of threefry's time."""

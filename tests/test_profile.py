@@ -7,6 +7,8 @@ import pytest
 
 import jaxremat
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 
 def _chain(model, x):
   params = model.init(jax.random.key(0), x)

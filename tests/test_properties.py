@@ -2,12 +2,15 @@
 
 import flax.linen as nn
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxremat
+
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
 
 LAYER = st.one_of(
     st.integers(2, 6).map(lambda w: ("dense", w)),

@@ -8,6 +8,8 @@ import pytest
 
 import jaxremat
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 KEY = jax.random.key(0)
 
 

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 SCRIPT = pathlib.Path(__file__).with_name("sharded_check.py")
 # Per-device prediction vs XLA's figure. The prediction is low, by 26% (remat) and 32% (none)
 # on jax 0.10.2: XLA probably keeps each Dense input all-gathered over the "model" axis for the

@@ -17,6 +17,8 @@ from jaxremat._backends.profile import Buffers
 from jaxremat._backends.cpu import StartBuffers, operands_kept, reads_input_in_fusions, swaps_operands
 from jaxremat.solvers import uniform_plan
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU expansion of XLA")
 
 pool = functools.partial(nn.max_pool, window_shape=(2, 2), strides=(2, 2))

@@ -3,12 +3,15 @@ layers' shapes: the rules read the jaxpr only, so ``profile(backend="gpu")`` run
 
 import flax.linen as nn
 import jax
+import pytest
 import jax.numpy as jnp
 
 from jaxremat import zoo
 from jaxremat._backends import gpu as _xla_gpu
 from jaxremat._backends.profile import profile
 from jaxremat._jaxpr.trace import trace
+
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
 
 B, D, H = 8, 64, 256  # batch, model width, hidden width
 

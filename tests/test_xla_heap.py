@@ -21,6 +21,8 @@ sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
 from bench.xla_heap import (TempValue, live_peak_bytes,  # noqa: E402
                             measure_with_temp_values, read_temp_values, replay_temp_bytes)
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU dumps")
 
 U = 64  # bytes: one aligned unit

@@ -9,6 +9,8 @@ import pytest
 import jaxremat
 from jaxremat import zoo
 
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
 KEY = jax.random.key(0)
 IMG = jax.random.normal(KEY, (4, 16, 16, 3))
 CIFAR = jax.random.normal(KEY, (2, 32, 32, 3))  # VGG halves 32 px five times
