@@ -83,7 +83,8 @@ def rewrite(traced: TracedChain,
       divide the length, or an int ``segment`` for a model without a scanned stack.
   """
   single = isinstance(segment, int) and not isinstance(segment, bool)
-  if not (segment == "auto" or (single and isinstance(segment, int) and segment >= 1) or isinstance(segment, (list, tuple))):
+  if not (segment == "auto" or (single and isinstance(segment, int) and segment >= 1)
+          or isinstance(segment, (list, tuple))):
     raise UnsupportedScanError(
         f"scan_segment must be 'auto', a segment length >= 1 or None, got {segment!r}.")
   found = _find(traced)
