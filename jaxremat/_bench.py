@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from jaxremat import zoo
 from jaxremat._api.apply import apply
 from jaxremat._api.loss import training_loss
-from jaxremat._model.chain import Plan, peak_bytes, recompute_flops
+from jaxremat._errors import NotAChainError
+from jaxremat._model.chain import Chain, Plan, peak_bytes, recompute_flops
 from jaxremat._backends.measure import measure
 from jaxremat.solvers import solve, uniform_plan
 
@@ -79,10 +80,16 @@ def bench_model(name: str, model: Any, x: Any, kwargs: dict[str, Any],
     One row per strategy: checkpoints, ``predicted_bytes`` (``predicted_total_bytes``),
     ``model_r_bytes`` (fixed bytes plus model R's peak less ``a_0``), ``measured_bytes``
     (XLA's footprint), its parts, ``xla_flops`` and ``recompute_flops`` (model R's count).
+
+  Raises:
+    NotAChainError: the model is planned as a graph (a layer skips to a later one).
   """
   params = init_params(model, x, kwargs)
   base = apply(model.apply, params, x, **kwargs)
   chain = base.chain
+  if not isinstance(chain, Chain):
+    raise NotAChainError(f"{name}: the benchmark compares chain plans (model R); this model "
+                         "is planned as a graph.")
   rows = []
 
   def record(strategy: str, plan: Plan) -> int:
@@ -112,7 +119,7 @@ def bench_model(name: str, model: Any, x: Any, kwargs: dict[str, Any],
       r = apply(model.apply, params, x, plan=uniform_plan(chain.n, k), **kwargs)
       totals[k] = measure(training_loss(r.fn, kwargs), params, x).total_bytes
       progress(f"{name} every {k}: {totals[k] / 2**20:.2f} MiB measured")
-    record(BEST_UNIFORM_XLA, uniform_plan(chain.n, min(totals, key=totals.get)))
+    record(BEST_UNIFORM_XLA, uniform_plan(chain.n, min(totals, key=totals.__getitem__)))
   return rows
 
 

@@ -44,6 +44,7 @@ def run_demo(model_name: str, width: float, batch: int, image_size: int) -> dict
   start = time.perf_counter()
   r = jaxremat.apply(model.apply, params, x)
   profile_seconds = time.perf_counter() - start
+  assert isinstance(r.chain, jaxremat.Chain), "the demo models (all-conv, VGG) are chains"
   want = jax.jit(jax.grad(training_loss(model.apply, {})))(params, x)
   rows = []
   for method in DEMO_METHODS:
@@ -98,7 +99,7 @@ def load_model(spec: str) -> Any:
   module_name, _, attr = spec.partition(":")
   if not module_name or not attr:
     raise SystemExit(f"jaxremat plan: expected MODULE:ATTR (e.g. jaxremat.zoo:all_conv), got {spec!r}")
-  target = importlib.import_module(module_name)
+  target: Any = importlib.import_module(module_name)
   for part in attr.split("."):
     target = getattr(target, part)
   if isinstance(target, nn.Module):
@@ -111,21 +112,32 @@ def load_model(spec: str) -> Any:
 
 def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
              budget_bytes: int | None) -> tuple[jaxremat.Remat, dict[str, Any]]:
-  """Profiles and solves the model at ``spec`` for a batch of ``batch_shape``."""
+  """Profiles and solves the model at ``spec`` for a batch of ``batch_shape``.
+
+  The summary's ``layers`` give each layer's output, residual and input-residual bytes
+  and FLOPs; for a model planned as a graph (``"graph": true``, a layer reads a value
+  made two or more layers earlier) only its name, other residual bytes and FLOPs, as the
+  values it passes on belong to cuts, not layers.
+  """
   model = load_model(spec)
   x = jax.random.normal(jax.random.key(1), tuple(batch_shape)).astype(dtype)
   params = model.init(jax.random.key(0), x)
-  kwargs = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
+  kwargs: dict[str, Any] = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
   r = jaxremat.apply(model.apply, params, x, method=method, budget_bytes=budget_bytes, **kwargs)
   chain = r.chain
+  if isinstance(chain, jaxremat.Chain):
+    layers = [
+        {"name": chain.names[i], "output_bytes": chain.act_bytes[i + 1],
+         "residual_bytes": chain.res_bytes[i], "input_residual_bytes": chain.input_res_bytes[i],
+         "flops": chain.flops[i]} for i in range(chain.n)]
+  else:  # a graph: the values a layer passes on are counted per cut (r.report())
+    layers = [{"name": chain.names[i], "residual_bytes": chain.res_bytes[i],
+               "flops": chain.flops[i]} for i in range(chain.n)]
   summary = {
       "model": spec, "batch_shape": list(batch_shape), "dtype": dtype, "method": r.plan.method,
       "checkpoints": list(r.plan.checkpoints), "predicted_total_bytes": r.predicted_total_bytes,
-      "fixed_bytes": r.fixed_bytes, "solve_seconds": r.solve_seconds,
-      "layers": [
-          {"name": chain.names[i], "output_bytes": chain.act_bytes[i + 1],
-           "residual_bytes": chain.res_bytes[i], "input_residual_bytes": chain.input_res_bytes[i],
-           "flops": chain.flops[i]} for i in range(chain.n)],
+      "fixed_bytes": r.fixed_bytes, "solve_seconds": r.solve_seconds, "graph": r.is_graph,
+      "layers": layers,
   }
   return r, summary
 

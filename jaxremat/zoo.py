@@ -48,6 +48,7 @@ def vgg(
     if item == "M":
       layers.append(max_pool_2x2)
     else:
+      assert isinstance(item, int)  # a conv's channel count
       layers += [nn.Conv(max(1, int(item * width)), (3, 3), dtype=dtype), nn.relu]
   layers += [flatten, nn.Dense(hidden, dtype=dtype), nn.relu, nn.Dense(hidden, dtype=dtype),
              nn.relu, nn.Dense(num_classes, dtype=dtype)]
@@ -303,7 +304,7 @@ def remat_layers(model: nn.Sequential, policy=None) -> nn.Sequential:
     policy: a ``jax.checkpoint_policies`` policy for every layer (default: save nothing
       but the layer's input).
   """
-  layers = []
+  layers: list = []
   for layer in model.layers:
     if isinstance(layer, nn.Module):
       fields = {f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)

@@ -111,9 +111,10 @@ def apply(
 
   scans: tuple[ScanPlan, ...] = ()
   if scan_segment is not None and not traced.is_graph:
+    segment: int | str | tuple[int, ...] = scan_segment
     if verify and scan_segment == "auto":
-      scan_segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s))
-    traced, scans = _scan.rewrite(traced, scan_segment)
+      segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s))
+    traced, scans = _scan.rewrite(traced, segment)
   planner = _planner(traced, scans, params, batch, model_kwargs, calibrate)
   measure_plan = lambda p: measured(p, traced, scans)  # noqa: E731
   start = time.perf_counter()
@@ -123,14 +124,18 @@ def apply(
     if verify:
       verified = {plan.checkpoints: measure_plan(plan)}
   elif budget is not None:
+    solved: Plan | None
     try:
-      plan = planner.solve_budget(budget)
+      solved = planner.solve_budget(budget)
     except InfeasibleBudgetError:
       if not verify:
         raise
-      plan = None  # the model says no; XLA may still fit one of the fallback plans
+      solved = None  # the model says no; XLA may still fit one of the fallback plans
     if verify:
-      plan, verified = fit_budget(planner, budget, measure_plan, plan)
+      plan, verified = fit_budget(planner, budget, measure_plan, solved)
+    else:
+      assert solved is not None  # solve_budget raised otherwise
+      plan = solved
   else:
     plan = planner.solve(method, refine)
     if verify and method == "optimal":
@@ -151,7 +156,7 @@ def _planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, batc
   """Profiles the traced layers into the planner for their structure (chain or graph)."""
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = checks.fixed_bytes(params, batch, arrays)
-  if traced.is_graph:
+  if traced.not_a_chain is not None:  # traced.is_graph
     if _sharding.is_sharded((params, batch, arrays)):
       raise NotAChainError(
           f"{traced.not_a_chain} jaxremat plans such a model as a graph, which does not "

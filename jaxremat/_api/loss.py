@@ -18,7 +18,7 @@ def training_loss(fn: Callable[..., Any], model_kwargs: Mapping[str, Any]) -> Ca
   the prediction is read, as a training loss reads it: the updated BatchNorm statistics
   are state, not differentiated.
   """
-  def loss(params: Any, batch: Any) -> jax.Array:
+  def loss(params: Any, batch: Any) -> jax.Array | int:  # 0 when no output is float
     out = fn(params, batch, **model_kwargs)
     if model_kwargs.get("mutable", False) and isinstance(out, tuple) and len(out) == 2:
       out = out[0]

@@ -95,7 +95,8 @@ def apply_nnx(
   _check_module(model)
   options = {k: kwargs.pop(k) for k in _APPLY_OPTIONS & kwargs.keys()}
   _check_no_nnx_objects(batch, kwargs)
-  graphdef, params, rest = nnx.split(model, wrt, ...)
+  # flax types split(node, first, second) as a variadic tuple
+  graphdef, params, rest = nnx.split(model, wrt, ...)  # type: ignore[misc]
   call_kwargs = {_GRAPHDEF: graphdef, _STATE: rest, _WRT: wrt, **kwargs}
   result = apply(_call_merged, params, batch, **options, **call_kwargs)
   return dataclasses.replace(result, fn=_NnxDropIn(result.fn, wrt, graphdef, type(model)))
@@ -128,7 +129,8 @@ def _call_merged(params: Any, batch: Any, **kwargs: Any) -> tuple[Any, Any]:
   model = nnx.merge(graphdef, params, rest)
   with _module_scopes(model):
     out = model(batch, **kwargs)
-  _, _, new_rest = nnx.split(model, wrt, ...)
+  # flax types split(node, first, second) as a variadic tuple
+  _, _, new_rest = nnx.split(model, wrt, ...)  # type: ignore[misc]
   return out, new_rest
 
 
@@ -165,7 +167,7 @@ def _scoped_class(cls: type) -> type:
     with jax.named_scope(name):
       return super(scoped, self).__call__(*args, **kwargs)
 
-  scoped = type(cls.__name__, (cls,), {
+  scoped: type[Any] = type(cls.__name__, (cls,), {
       "__call__": __call__, "__slots__": (), "__module__": cls.__module__,
       "__qualname__": cls.__qualname__})
   return scoped
@@ -191,7 +193,8 @@ class _NnxDropIn:
       raise InputMismatchError(
           f"model is a {type(model).__name__}, but the plan was made for a "
           f"{self._model_type.__name__}.")
-    graphdef, params, rest = nnx.split(model, self._wrt, ...)
+    # flax types split(node, first, second) as a variadic tuple
+    graphdef, params, rest = nnx.split(model, self._wrt, ...)  # type: ignore[misc]
     try:
       out, new_rest = self._drop_in(
           params, batch, **{_GRAPHDEF: graphdef, _STATE: rest, _WRT: self._wrt}, **kwargs)

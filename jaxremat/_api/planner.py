@@ -116,7 +116,8 @@ class ChainPlanner:
   def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
     chain, kept = self.chain, set(plan.checkpoints)
     last = plan.checkpoints[-1] if plan.checkpoints else 0
-    rows = [("#", "layer", "output", "residuals", "of which input", "plan", "GFLOP")]
+    rows: list[tuple[str, ...]] = [
+        ("#", "layer", "output", "residuals", "of which input", "plan", "GFLOP")]
     for i in range(1, chain.n + 1):
       status = "kept" if i in kept else ("recomputed" if i <= last else "saved")
       rows.append((str(i), chain.names[i - 1], fmt_bytes(chain.act_bytes[i]),
@@ -198,7 +199,7 @@ class GraphPlanner:
 
   def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
     g, kept = self.chain, set(plan.checkpoints)
-    rows = [("#", "layer", "cut keeps", "values", "plan")]
+    rows: list[tuple[str, ...]] = [("#", "layer", "cut keeps", "values", "plan")]
     for t in range(1, g.n + 1):
       cut = (fmt_bytes(g.crossing_bytes(t)), str(len(g.crossing(t)))) if t < g.n else ("", "")
       rows.append((str(t), g.names[t - 1], *cut, "kept cut after" if t in kept else ""))

@@ -42,6 +42,13 @@ class Remat:
   _planner: Planner | None = dataclasses.field(default=None, repr=False)
 
   @property
+  def _model(self) -> Planner:
+    """The planner ``apply`` profiled the layers with (its memory model and solvers)."""
+    if self._planner is None:
+      raise ValueError("this Remat has no planner: build it with jaxremat.apply.")
+    return self._planner
+
+  @property
   def is_graph(self) -> bool:
     """True when the layers were planned as a graph (model G), not a chain (model R)."""
     return isinstance(self.chain, GraphChain)
@@ -49,7 +56,7 @@ class Remat:
   @property
   def predicted_peak_bytes(self) -> int:
     """The memory model's activation peak of the plan (bytes): model R, or model G."""
-    return self._planner.peak_bytes(self.plan)
+    return self._model.peak_bytes(self.plan)
 
   @property
   def predicted_total_bytes(self) -> int:
@@ -64,7 +71,7 @@ class Remat:
     buffers (chains), or as model G's peak (graphs). A multi-level plan is predicted by
     model R's event simulator.
     """
-    return self._planner.total_bytes(plan)
+    return self._model.total_bytes(plan)
 
   def plot(self, path: str | os.PathLike[str], compare: tuple[str, ...] = ("none", "every-layer", "sqrt"),
            title: str | None = None) -> None:
@@ -95,7 +102,7 @@ class Remat:
 
   def report(self) -> str:
     """A per-layer table and the predicted peak of each strategy."""
-    planner, plan = self._planner, self.plan
+    planner, plan = self._model, self.plan
     rows = planner.layer_table(plan)
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -69,7 +69,9 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
   """
   seen: Measured = {}
   model_budget = budget_bytes
-  for _ in range(_FIT_ROUNDS if plan is not None else 0):
+  for _ in range(_FIT_ROUNDS):
+    if plan is None:
+      break
     seen[plan.checkpoints] = measured = measured_bytes(plan)
     if measured <= budget_bytes:
       return plan, seen

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
             if eqn.primitive.name == "conv_general_dilated" and eqn.invars[0] in batch_vars}
   batch_copy = sum(_compat.aval_bytes(v.aval) for v in copied)
   varying = _compat.input_dependent(jaxpr, [v for v, flag in zip(jaxpr.invars, activations) if flag])
-  params = {v for v, flag in zip(jaxpr.invars, activations) if not flag}
+  param_vars = {v for v, flag in zip(jaxpr.invars, activations) if not flag}
   layer_inputs = {v for v, flag in zip(jaxpr.invars, inputs) if flag}
   relaid_inputs = set()
   relaid = 0
@@ -166,11 +167,11 @@ def start_buffers(backward_jaxpr, activations: Sequence[bool], batch: Sequence[b
     if any(v in reversed_ for v in operands) or eqn.primitive.name == "rev":
       reversed_.update(eqn.outvars)
     if any(v in varying for v in operands):
-      if _relays_cotangent(eqn, params):
+      if _relays_cotangent(eqn, param_vars):
         # a forward conv of a kernel; one relaid cotangent at a time
         relaid = max(relaid, _compat.aval_bytes(eqn.outvars[0].aval))
       kernel = eqn.invars[1] if eqn.primitive.name == "conv_general_dilated" else None
-      if kernel is not None and kernel in params and eqn.invars[0] in layer_inputs:
+      if kernel is not None and kernel in param_vars and eqn.invars[0] in layer_inputs:
         relaid_inputs.add(eqn.invars[0])
       if (kernel is not None and kernel not in varying and kernel not in reversed_
           and swaps_operands(eqn)):
@@ -206,7 +207,7 @@ def operands_kept(eqns: Sequence, inputs: Sequence,
   forward equations ``eqns``: bytes of each value the layer computes that the tail
   reads (through fusible ops), and whether it reads the layer's ``inputs`` too."""
   producer = {v: eqn for eqn in eqns for v in eqn.outvars}
-  inputs = set(inputs)
+  input_set = set(inputs)
   kept: dict = {}
   reads_input = False
   todo = [v for v in outputs if not isinstance(v, _compat.Literal)]
@@ -217,7 +218,7 @@ def operands_kept(eqns: Sequence, inputs: Sequence,
       continue
     seen.add(v)
     eqn = producer.get(v)
-    if v in inputs:
+    if v in input_set:
       reads_input = True
     elif eqn is None:
       continue  # a parameter
@@ -360,12 +361,12 @@ def library_fusions(step_jaxpr, n_cotangents: int) -> LibraryFusions:
           found.add(j)
           stack.extend((u, producer[u]) for u in _vars(eqns[j][1]) if u in producer)
     else:
-      stack = [c for v in outs for c in consumers.get(v, ())]
-      while stack:
-        j = stack.pop()
+      pending = [c for v in outs for c in consumers.get(v, ())]
+      while pending:
+        j = pending.pop()
         if j not in region and fusible(j):
           region.add(j)
-          stack.extend(c for v in eqns[j][2] for c in consumers.get(v, ()))
+          pending.extend(c for v in eqns[j][2] for c in consumers.get(v, ()))
   region |= feeding
 
   def source(v):
@@ -432,7 +433,8 @@ def cotangent_copies(step_jaxpr, n_cotangents: int) -> int:
 def _dataflow(eqns) -> tuple[dict, dict]:
   """For ``_compat.inlined_eqns`` equations: the index of the equation producing each
   value, and the indices of those reading it."""
-  producer, consumers = {}, {}
+  producer: dict[Any, int] = {}
+  consumers: dict[Any, list[int]] = {}
   for k, (_, ins, outs, _) in enumerate(eqns):
     producer.update((v, k) for v in outs)
     for v in _vars(ins):

@@ -10,7 +10,8 @@ from collections.abc import Hashable
 from jaxremat._model.chain import Chain, Plan
 from jaxremat._backends.profile import Buffers
 
-Live = list[tuple[int, Hashable]]  # (bytes, identity) of each buffer live at one step
+Key = tuple[Hashable, ...]  # a buffer's identity: its kind ("x", "g", "start", ...) first
+Live = list[tuple[int, Key]]  # (bytes, identity) of each buffer live at one step
 _FORWARD = "forward"  # the phase of values the forward pass computes
 _START_KINDS = ("start", "iota", "swapped", "constant")  # made when the step starts
 
@@ -47,7 +48,7 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   written: dict[int, int] = {}  # layer -> the step its parameter gradients are written
   for index in range(len(segments) - 1, -1, -1):
     l, r = segments[index]
-    held = [(chain.act_bytes[c], ("x", c, _FORWARD)) for c, _ in segments[1:index + 1]]
+    held: Live = [(chain.act_bytes[c], ("x", c, _FORWARD)) for c, _ in segments[1:index + 1]]
     if r == n:
       held += [(size, key) for size, key, _ in operands]
     if r < n:
@@ -92,14 +93,14 @@ def _saved(buffers: Buffers, l: int, i: int, phase: Hashable) -> Live:
   return saved
 
 
-def _operands_kept(buffers: Buffers, segments) -> list[tuple[int, Hashable, int]]:
+def _operands_kept(buffers: Buffers, segments) -> list[tuple[int, Key, int]]:
   """The operands XLA keeps (``buffers.operands``) to recompute the final segment's
   input ``x_l`` in its first layer's fusions, as ``(bytes, identity, layer computing
   it)``: layer ``l``'s, and, while that tail reads its input ``x_{j-1}`` and ``j - 1``
   is no checkpoint, layer ``j - 1``'s too (``x_{j-1}`` is recomputed the same way)."""
   l = segments[-1][0]
   checkpoints = {c for c, _ in segments}
-  kept = []
+  kept: list[tuple[int, Key, int]] = []
   j = l
   while j > 0 and buffers.operands and buffers.operands[j - 1]:
     kept += [(size, ("operand", j, m), j) for m, size in enumerate(buffers.operands[j - 1])]
@@ -110,7 +111,7 @@ def _operands_kept(buffers: Buffers, segments) -> list[tuple[int, Hashable, int]
 
 
 def _forward_steps(chain: Chain, buffers: Buffers, segments, start: _StartBuffers,
-                   operands: list[tuple[int, Hashable, int]]) -> list[Live]:
+                   operands: list[tuple[int, Key, int]]) -> list[Live]:
   """The forward pass: at layer ``k`` the checkpoints before it, the residuals of the
   final segment's layers up to ``k``, the input ``x_{k-1}`` where neither held nor
   saved (an elementwise layer writes ``x_k`` over it) or where the final segment keeps a
@@ -141,7 +142,7 @@ def _input_and_output(chain: Chain, buffers: Buffers, l: int, k: int, kept: bool
   residuals. The input counts where neither held (``k - 1 == l``) nor saved, the output
   where not saved as a residual; an elementwise layer writes its output (or the
   residual that is its output) over its input."""
-  out = [] if kept and _saves_output(buffers, k) else [(output, ("x", k, phase))]
+  out: Live = [] if kept and _saves_output(buffers, k) else [(output, ("x", k, phase))]
   if k - 1 > l and not (kept and _input_saved(buffers, k)):
     if buffers.elementwise and buffers.elementwise[k - 1]:
       return [(max(output, chain.act_bytes[k - 1]), ("x", k, phase))] if out else []
@@ -298,9 +299,9 @@ def _hosted(steps: list[Live], grads: list[tuple[int, int, int]]) -> int:
   it appears in, at its largest size there. A start buffer depends on nothing, so the
   post-order puts it just before its reader: at its last step.
   """
-  first: dict[Hashable, int] = {}
-  last: dict[Hashable, int] = {}
-  size: dict[Hashable, int] = {}
+  first: dict[Key, int] = {}
+  last: dict[Key, int] = {}
+  size: dict[Key, int] = {}
   for t, live in enumerate(steps):
     for nbytes, key in live:
       if nbytes <= 0:

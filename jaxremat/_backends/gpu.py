@@ -122,7 +122,8 @@ def pool_buffers(step_jaxpr) -> tuple[int, int]:
   zeros = indices = 0
   for eqn in _compat.all_eqns(jaxpr.eqns):
     if eqn.primitive.name in _compat.POOL_GRADIENT_PRIMITIVES:
-      operand, pooled = eqn.outvars[0].aval, eqn.invars[0].aval
+      operand = _compat.array_aval(eqn.outvars[0])
+      pooled = _compat.array_aval(eqn.invars[0])
       zeros += _compat.aval_bytes(operand)
       indices += len(operand.shape) * int(pooled.size) * _compat.INDEX_BYTES
   return zeros, indices

@@ -25,7 +25,10 @@ def profile_graph(traced: TracedChain, calibrate: bool = False) -> GraphChain:
   batch = set(traced.batch_vars)
   grad_invariants = set(traced.param_vars) | set(traced.prelude_outputs)
   index: dict = {}
-  made, last, size, cot = [], [], [], []
+  made: list[int] = []  # per value: the unit (0: the batch, t: layer t) that makes it
+  last: list[int] = []
+  size: list[int] = []
+  cot: list[int] = []
 
   def add(v, unit, differentiable):
     index[v] = len(made)

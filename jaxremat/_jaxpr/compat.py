@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 from jax.extend import core as jex_core
@@ -50,6 +50,12 @@ def name_stack(eqn: JaxprEqn) -> tuple[str, ...]:
   return tuple(part for part in text.split("/") if part)
 
 
+def array_aval(v: Var | Literal) -> jax.core.ShapedArray:
+  """The abstract array of a var (or literal) known to hold an array (JAX types ``Var.aval`` as the
+  base ``AbstractValue``, which has no shape or dtype)."""
+  return cast(jax.core.ShapedArray, v.aval)
+
+
 def inner_closed_jaxpr(eqn: JaxprEqn) -> jex_core.ClosedJaxpr | None:
   """The ClosedJaxpr a call-like equation (jit) runs, or None for other equations."""
   if eqn.primitive.name not in CALL_PRIMITIVES:
@@ -89,7 +95,7 @@ def _params_eqns(params: dict) -> Iterator[JaxprEqn]:
   """``all_eqns`` of the sub-jaxprs in an equation's ``params``."""
   for value in params.values():
     for sub in value if isinstance(value, (tuple, list)) else (value,):
-      inner = getattr(sub, "jaxpr", sub)
+      inner: Any = getattr(sub, "jaxpr", sub)
       if hasattr(inner, "eqns"):
         yield from all_eqns(inner.eqns)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +83,8 @@ def rewrite(traced: TracedChain,
       divide the length, or an int ``segment`` for a model without a scanned stack.
   """
   single = isinstance(segment, int) and not isinstance(segment, bool)
-  if not (segment == "auto" or (single and segment >= 1) or isinstance(segment, (list, tuple))):
+  if not (segment == "auto" or (single and isinstance(segment, int) and segment >= 1)
+          or isinstance(segment, (list, tuple))):
     raise UnsupportedScanError(
         f"scan_segment must be 'auto', a segment length >= 1 or None, got {segment!r}.")
   found = _find(traced)
@@ -104,7 +106,7 @@ def rewrite(traced: TracedChain,
     if segment == "auto":
       k = choose_segment(chain)
     else:
-      k = int(segment[j] if isinstance(segment, (list, tuple)) else segment)
+      k = int(segment[j] if isinstance(segment, (list, tuple)) else cast(int, segment))
       if k < 1 or n % k:
         raise UnsupportedScanError(
             f"segment length {k} does not divide the {n} iterations of the scan in layer "
@@ -249,7 +251,7 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int) -> _compat.JaxprEqn:
     carry, ys = jax.lax.scan(jax.checkpoint(segment, prevent_cse=True), carry, jnp.arange(m))
     return [*carry, *(y.reshape(n, *y.shape[2:]) for y in ys)]
 
-  avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
+  avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in map(_compat.array_aval, eqn.invars)]
   closed = jax.make_jaxpr(jax.jit(nested, keep_unused=True))(*avals)
   inner = closed.jaxpr
   if (len(inner.eqns) != 1 or inner.constvars or list(inner.eqns[0].invars) != list(inner.invars)

@@ -183,6 +183,7 @@ def simulate_timeline(chain: Chain, plan: Plan) -> Timeline:
     InvalidPlanError: the plan does not fit the chain.
   """
   history = _run(chain, plan, record=True).mem.history
+  assert history is not None  # kept with record=True
   return Timeline(live_bytes=tuple(t for t, _ in history), phases=tuple(p for _, p in history))
 
 
