@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from jaxremat._errors import InvalidArgumentError
+from jaxremat._errors import InvalidArgumentError, UnsupportedModelError
 
 #: XLA's CPU pipeline expands jax.checkpoint's optimization barriers and then CSE merges
 #: the recomputation back into the forward pass; disabling the expander keeps remat real.
@@ -28,7 +28,7 @@ class Footprint:
   alias_bytes: int
   flops: float
   backend: str
-  compiler_options: Mapping[str, str]
+  compiler_options: Mapping[str, str | bool]
 
   @property
   def total_bytes(self) -> int:
@@ -39,17 +39,27 @@ class Footprint:
     """False on CPU when the barrier expander ran (remat would be silently undone)."""
     if self.backend != "cpu":
       return True
-    return "cse_barrier_expander" in self.compiler_options.get("xla_disable_hlo_passes", "")
+    return "cse_barrier_expander" in str(self.compiler_options.get("xla_disable_hlo_passes", ""))
 
 
-def default_compiler_options(backend: str | None = None) -> dict[str, str]:
+def default_compiler_options(backend: str | None = None) -> dict[str, str | bool]:
   """The options under which remat is real on ``backend`` (CPU: keep the barriers)."""
   backend = backend or jax.default_backend()
   return dict(CPU_COMPILER_OPTIONS) if backend == "cpu" else {}
 
 
+def memory_stats(compiled: Any) -> Any:
+  """``compiled.memory_analysis()``, or an error naming the backend that gives none."""
+  stats = compiled.memory_analysis()
+  if stats is None:
+    raise UnsupportedModelError(
+        f"XLA's {jax.default_backend()} backend reports no memory statistics for the "
+        "compiled step, so jaxremat cannot measure it.")
+  return stats
+
+
 def compile_footprint(
-    fn: Callable[..., Any], *args: Any, compiler_options: Mapping[str, str] | None = None
+    fn: Callable[..., Any], *args: Any, compiler_options: Mapping[str, str | bool] | None = None
 ) -> Footprint:
   """Compiles ``jax.jit(fn)(*args)`` and returns its footprint.
 
@@ -57,12 +67,12 @@ def compile_footprint(
   ``xla_disable_hlo_passes``), so that ``jax.checkpoint`` is not undone.
   """
   backend = jax.default_backend()
-  options = dict(compiler_options or {})
+  options: dict[str, str | bool] = dict(compiler_options or {})
   for key, value in default_compiler_options(backend).items():
-    present = [p for p in options.get(key, "").split(",") if p]
-    options[key] = ",".join(dict.fromkeys([*present, value]))
+    present = [p for p in str(options.get(key, "")).split(",") if p]
+    options[key] = ",".join(dict.fromkeys([*present, str(value)]))
   compiled = jax.jit(fn).lower(*args).compile(compiler_options=options or None)
-  stats = compiled.memory_analysis()
+  stats = memory_stats(compiled)
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None
@@ -82,7 +92,7 @@ def measure(
     params: Any,
     batch: Any,
     *,
-    compiler_options: Mapping[str, str] | None = None,
+    compiler_options: Mapping[str, str | bool] | None = None,
 ) -> Footprint:
   """XLA's footprint of the gradient step ``jax.grad(loss_fn)(params, batch)``.
 

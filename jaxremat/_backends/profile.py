@@ -12,7 +12,7 @@ from jaxremat._jaxpr import compat as _compat
 from jaxremat._backends import cpu as _xla_cpu
 from jaxremat._backends import gpu as _xla_gpu
 from jaxremat._model.chain import Chain
-from jaxremat._backends.measure import default_compiler_options
+from jaxremat._backends.measure import default_compiler_options, memory_stats
 from jaxremat._jaxpr.trace import Layer, TracedChain
 
 
@@ -282,7 +282,7 @@ def _bitcast_source(atom, producer: dict):
 _RESHAPES = frozenset({"reshape", "squeeze", "expand_dims"})
 
 
-def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: set = frozenset()) -> list:
+def _as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: frozenset | set = frozenset()) -> list:
   """The values XLA keeps for the backward pass in place of ``res_atoms``.
 
   A residual the forward computes only for the backward (no forward consumer) by a
@@ -405,7 +405,7 @@ def _backward_temp_bytes(layer: Layer, inputs, grad_invariants, differentiate_in
   step, args, cts = _forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
   compiled = jax.jit(step).lower(args, cts).compile(
       compiler_options=default_compiler_options() or None)
-  return int(compiled.memory_analysis().temp_size_in_bytes)
+  return int(memory_stats(compiled).temp_size_in_bytes)
 
 
 def _flops(layer: Layer, inputs) -> int:

@@ -311,7 +311,9 @@ def _link_graph(groups, invariant, outvars) -> tuple[Layer, ...]:
   """Each layer's inputs (values made by any earlier layer) and outputs (values any later
   layer reads), for models that are not chains."""
   model_outputs = {v for v in outvars if not isinstance(v, _compat.Literal)}
-  reads, inv_reads, read_later = [], [], set()
+  reads: list[tuple] = []
+  inv_reads: list[tuple] = []
+  read_later: set = set()
   for _, group in groups:
     own = {v for e in group for v in e.outvars}
     ext = [v for e in group for v in e.invars if not isinstance(v, _compat.Literal) and v not in own]
