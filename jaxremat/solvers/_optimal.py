@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
+from itertools import islice
 
 from jaxremat._chain import Chain, Plan
 from jaxremat.solvers._terms import Terms, plan_from_choices, terms
@@ -118,7 +119,8 @@ def least_last(t: Terms, a: Sequence[int], budget_bytes: int) -> int | None:
   top = _NEG_INF  # M(front, r)
   candidates = collections.deque([(0, held, spare)])  # (l, D(l), D(l) - c[l])
   window = collections.deque()  # indices in (front, r] of decreasing h
-  for r, h_r, a_r, c_r, end in zip(range(1, n), h[1:n], a[1:n], c[1:n], to_end[1:n]):
+  for r, h_r, a_r, c_r, end in zip(range(1, n), islice(h, 1, n), islice(a, 1, n),
+                                   islice(c, 1, n), islice(to_end, 1, n)):
     while window and h[window[-1]] <= h_r:
       window.pop()
     window.append(r)
@@ -159,8 +161,10 @@ def least_peak_value(t: Terms, a: Sequence[int]) -> int:
   xs: list[float] = [_INF, h[n]]
   ys: list[int] = [_SENTINEL, _END]
   q = 1
+  x_q, x_next, y_next = h[n], _NEG_INF, _INF
   push_x, push_y, pop_x, pop_y = xs.append, ys.append, xs.pop, ys.pop
-  for x_new, a_r, cl in zip(reversed(h[1:n]), reversed(a[1:n]), reversed(c[:n - 1])):
+  for x_new, a_r, cl in zip(islice(reversed(h), 1, n), islice(reversed(a), 1, n),
+                            islice(reversed(c), 1, n)):
     y_new = a_r + best
     while xs[-1] <= x_new or ys[-1] >= y_new:
       y = pop_y()
@@ -170,13 +174,18 @@ def least_peak_value(t: Terms, a: Sequence[int]) -> int:
     push_x(x_new)
     push_y(y_new)
     top = len(xs) - 1
-    if q >= top:
-      q = top - 1 if top > 1 else 1
-    while q < top and xs[q + 1] - cl >= ys[q + 1]:
+    if top <= q + 1:  # block q + 1 was replaced
+      if q >= top:
+        q = top - 1 if top > 1 else 1
+      x_q = xs[q]
+      x_next, y_next = (xs[q + 1], ys[q + 1]) if q < top else (_NEG_INF, _INF)
+    while x_next - cl >= y_next:
       q += 1
-    best = xs[q] - cl
-    if q < top and ys[q + 1] < best:
-      best = ys[q + 1]
+      x_q = x_next
+      x_next, y_next = (xs[q + 1], ys[q + 1]) if q < top else (_NEG_INF, _INF)
+    best = x_q - cl
+    if y_next < best:
+      best = y_next
   return best
 
 
@@ -202,12 +211,16 @@ def least_peak_choices(t: Terms, a: Sequence[int], last: int) -> list[int]:
   xs: list[float] = [_INF, best + c[last]]
   ys: list[int] = [_SENTINEL, _END]
   rs: list[int] = [n, n]
-  q = 1  # the crossing: the nearest block with xs[q] - c >= ys[q]
+  # The crossing q, the nearest block with xs[q] - c >= ys[q], and copies of blocks q and
+  # q + 1 (-inf, +inf when there is none: never crossed, never better).
+  q = 1
+  x_q, r_q, x_next, y_next, r_next = xs[1], n, _NEG_INF, _INF, n
   push_x, push_y, push_r = xs.append, ys.append, rs.append
   pop_x, pop_y, pop_r = xs.pop, ys.pop, rs.pop
+  skip = n - last  # reversed(h) and reversed(a) start at index n, reversed(c) at n - 1
   for l, r_new, x_new, a_r, cl in zip(range(last - 1, -1, -1), range(last, 0, -1),
-                                      reversed(h[1:last + 1]), reversed(a[1:last + 1]),
-                                      reversed(c[:last])):
+                                      islice(reversed(h), skip, n), islice(reversed(a), skip, n),
+                                      islice(reversed(c), skip, n)):
     y_new = a_r + best
     while xs[-1] <= x_new or ys[-1] >= y_new:
       y, r = pop_y(), pop_r()
@@ -218,14 +231,21 @@ def least_peak_choices(t: Terms, a: Sequence[int], last: int) -> list[int]:
     push_y(y_new)
     push_r(r_new)
     top = len(xs) - 1
-    if q >= top:
-      q = top - 1 if top > 1 else 1
-    while q < top and xs[q + 1] - cl >= ys[q + 1]:
+    if top <= q + 1:  # block q + 1 was replaced
+      if q >= top:
+        q = top - 1 if top > 1 else 1
+      x_q, r_q = xs[q], rs[q]
+      x_next, y_next, r_next = (xs[q + 1], ys[q + 1], rs[q + 1]) if q < top else (
+          _NEG_INF, _INF, n)
+    while x_next - cl >= y_next:
       q += 1
-    best = xs[q] - cl
-    if q < top and ys[q + 1] < best:
-      best = ys[q + 1]
-      choice[l] = rs[q + 1]
+      x_q, r_q = x_next, r_next
+      x_next, y_next, r_next = (xs[q + 1], ys[q + 1], rs[q + 1]) if q < top else (
+          _NEG_INF, _INF, n)
+    best = x_q - cl
+    if y_next < best:
+      best = y_next
+      choice[l] = r_next
     else:
-      choice[l] = rs[q]
+      choice[l] = r_q
   return choice
