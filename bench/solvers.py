@@ -1,16 +1,19 @@
 """Times ``jaxremat.solve(chain, method)`` on random chains from 10^2 to 10^6 layers.
 
 Usage:
-  python bench/solvers.py            # full run, writes bench/results/solvers-<date>.json
+  python bench/solvers.py            # full run, writes bench/results/solvers/solvers.json (+ .md)
   python bench/solvers.py --quick    # small grid, prints the table, writes nothing
+  python bench/solvers.py --sizes 10000 100000 1000000 --methods optimal budget stack
   python bench/solvers.py --out f.json --repeat 5
 
 Each (method, n) is timed as the best of ``--repeat`` runs of ``solve`` alone (the chain
-is built beforehand). Exhaustive, quadratic and cubic methods run only up to their size
-limits. ``budget`` is given ``--budget-factor`` times the optimal peak. The JSON records
-the device, date, versions and command line next to the timings; markdown tables of
-times, of each plan's peak and of its recomputed FLOPs relative to ``optimal`` go to
-stdout. ``dp`` and ``brute-a`` minimise model A, so their model-R peaks are not optimal.
+is built beforehand). ``stack`` is the bare O(n) stack solve (least peak, no tie-break:
+``least_peak_checkpoints``). Exhaustive, quadratic and cubic methods run only up to their
+size limits. ``budget`` is given ``--budget-factor`` times the optimal peak. The JSON
+records the device, date, versions and command line next to the timings; markdown tables
+of times, of each plan's peak and of its recomputed FLOPs relative to ``optimal`` go to
+stdout and, beside the JSON, to a .md file. ``dp`` and ``brute-a`` minimise model A, so
+their model-R peaks are not optimal.
 """
 
 from __future__ import annotations
@@ -34,17 +37,20 @@ sys.path.insert(0, str(ROOT))  # benchmark this checkout, not an installed copy
 import jaxremat  # noqa: E402
 from jaxremat import Chain, recompute_flops  # noqa: E402
 from jaxremat import simulate_peak_bytes as peak_bytes  # noqa: E402  (nested plans too)
+from jaxremat import Plan  # noqa: E402
 from jaxremat.solvers import BUDGET_SOLVERS, SOLVERS, solve  # noqa: E402
+from jaxremat.solvers._optimal import least_peak_checkpoints  # noqa: E402
 
 FULL_SIZES = (4, 8, 12, 16, 20, 100, 300, 1000, 3000, 10**4, 3 * 10**4, 10**5, 3 * 10**5, 10**6)
 QUICK_SIZES = (4, 8, 12, 100, 1000, 10**4)
 # Largest n each method is timed at (None: no limit).
 FULL_LIMITS = {"brute": 20, "brute-a": 20, "quadratic": 3000, "best-uniform": 3000,
-               "dp": 3 * 10**4, "budget": 10**5, "multilevel": 300}
+               "dp": 3 * 10**4, "multilevel": 300}
 QUICK_LIMITS = {"brute": 12, "brute-a": 12, "quadratic": 1000, "best-uniform": 1000,
-                "dp": 10**4, "budget": 10**4, "multilevel": 100}
-METHOD_ORDER = ("optimal", "quadratic", "brute", "budget", "multilevel", "dp", "brute-a", "best-uniform",
-                "chen-greedy", "sqrt", "every-layer", "none")
+                "dp": 10**4, "multilevel": 100}
+METHOD_ORDER = ("optimal", "stack", "quadratic", "brute", "budget", "multilevel", "dp", "brute-a",
+                "best-uniform", "chen-greedy", "sqrt", "every-layer", "none")
+OUT = ROOT / "bench" / "results" / "solvers" / "solvers.json"
 MAX_BYTES = 1 << 24
 MAX_FLOPS = 1 << 30
 
@@ -58,13 +64,20 @@ def random_chain(n: int, seed: int) -> Chain:
   return Chain(act, res, flops=flops)
 
 
+def run_method(chain: Chain, method: str, **kwargs) -> Plan:
+  """``solve(chain, method)``; ``stack`` is the bare stack solve (checkpoints as a Plan)."""
+  if method == "stack":
+    return Plan(least_peak_checkpoints(chain), method="stack")
+  return solve(chain, method, **kwargs)
+
+
 def best_time(chain: Chain, method: str, repeat: int, **kwargs):
   """The plan and the best wall time (seconds) of ``repeat`` runs, with every run."""
   runs = []
   plan = None
   for _ in range(repeat):
     start = time.perf_counter()
-    plan = solve(chain, method, **kwargs)
+    plan = run_method(chain, method, **kwargs)
     runs.append(time.perf_counter() - start)
   return plan, min(runs), runs
 
@@ -132,7 +145,8 @@ def markdown(results: list[dict], sizes, methods) -> str:
   cell = {(r["method"], r["n"]): r for r in results}
   head = "| n | " + " | ".join(methods) + " |"
   rule = "|---:|" + "---:|" * len(methods)
-  lines = ["Best-of-runs wall time of `solve(chain, method)`:", "", head, rule]
+  lines = ["Best-of-runs wall time of `solve(chain, method)` (`stack`: the bare stack solve, "
+           "`least_peak_checkpoints`):", "", head, rule]
   for n in sizes:
     row = [fmt_time(cell[(m, n)]["best_s"]) if (m, n) in cell else "—" for m in methods]
     lines.append(f"| {n:,} | " + " | ".join(row) + " |")
@@ -149,6 +163,23 @@ def markdown(results: list[dict], sizes, methods) -> str:
   return "\n".join(lines)
 
 
+def report(record: dict) -> str:
+  """The markdown file written beside the JSON: what ran, where, then the tables."""
+  device, git = record["device"], record["versions"]["git"]
+  return "\n".join([
+      f"# Solver timings, {record['date']}",
+      "",
+      f"Command: `{' '.join(record['command'])}`",
+      "",
+      f"{device['cpu_model']} ({device['cpu_count']} cores), Python {device['python']}, "
+      f"numpy {record['versions']['numpy']}, commit {git['commit']}"
+      f"{' (dirty)' if git['dirty'] else ''}.",
+      "",
+      record["table_markdown"],
+      "",
+  ])
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true",
@@ -157,14 +188,23 @@ def main(argv=None) -> int:
   parser.add_argument("--seed", type=int, default=0, help="seed of the random chains")
   parser.add_argument("--budget-factor", type=float, default=1.1,
                       help="budget methods get this times the optimal peak (bytes, rounded down)")
+  parser.add_argument("--sizes", type=int, nargs="+", default=None,
+                      help="chain lengths to time (default: the full or --quick grid)")
+  parser.add_argument("--methods", nargs="+", default=None,
+                      help="methods to time (default: all, with stack); optimal always runs")
   parser.add_argument("--out", type=pathlib.Path, default=None,
-                      help="JSON path (default: bench/results/solvers-<date>.json)")
+                      help="JSON path, with a .md beside it (default: " + str(OUT.relative_to(ROOT))
+                      + ")")
   args = parser.parse_args(argv)
 
-  sizes = QUICK_SIZES if args.quick else FULL_SIZES
+  sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
   limits = QUICK_LIMITS if args.quick else FULL_LIMITS
-  known = {*SOLVERS, *BUDGET_SOLVERS}
-  methods = [m for m in METHOD_ORDER if m in known] + sorted(known - set(METHOD_ORDER))
+  known = {*SOLVERS, *BUDGET_SOLVERS, "stack"}
+  unknown = set(args.methods or ()) - known
+  if unknown:
+    parser.error(f"unknown methods {sorted(unknown)}; expected some of {sorted(known)}")
+  wanted = known if args.methods is None else {"optimal", *args.methods}
+  methods = [m for m in METHOD_ORDER if m in wanted] + sorted(wanted - set(METHOD_ORDER))
   now = datetime.datetime.now(datetime.timezone.utc)
 
   results = []
@@ -203,7 +243,7 @@ def main(argv=None) -> int:
       **environment(),
       "config": {
           "quick": args.quick, "repeat": args.repeat, "seed": args.seed, "sizes": list(sizes),
-          "limits": limits, "timer": "time.perf_counter, best of repeat",
+          "methods": methods, "limits": limits, "timer": "time.perf_counter, best of repeat",
           "budget_factor": args.budget_factor,
           "chain": "act_bytes, res_bytes uniform integers in [1, 2^24), flops uniform in "
                    "[1, 2^30), seed = seed + n; cot_bytes = act_bytes, no refinements",
@@ -213,11 +253,12 @@ def main(argv=None) -> int:
   }
   out = args.out
   if out is None and not args.quick:
-    out = ROOT / "bench" / "results" / f"solvers-{now.date().isoformat()}.json"
+    out = OUT
   if out is not None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\nwrote {out}", file=sys.stderr)
+    out.with_suffix(".md").write_text(report(record))
+    print(f"\nwrote {out} and {out.with_suffix('.md').name}", file=sys.stderr)
   return 0
 
 

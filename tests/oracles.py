@@ -3,10 +3,12 @@ literally from DESIGN.md, plan enumeration and seeded random chains."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 
-from jaxremat import Chain
+from jaxremat import Chain, Plan, peak_bytes
+from jaxremat.solvers._terms import plan_from_choices, terms
 
 # Value pools for random chains: zeros, heavy ties, spread values, large byte counts.
 POOLS = (
@@ -80,3 +82,98 @@ def random_chain(rng: random.Random, n: int, refine: bool, flop_pool=(0, 1, 1, 3
       input_res_bytes=[rng.choice((0, x, rng.randint(0, x))) for x in b],
       workspace_bytes=[rng.choice(pool) for _ in range(n)],
       flops=flops)
+
+
+# --- the O(n log n) tie-break search that "optimal" and "budget" used before issue 25 --------
+# Kept verbatim in substance: plans must stay identical to what it returned.
+
+
+def former_stack_solve(chain, act):
+  """Hong et al.'s stack solve with ``act`` as the bytes of ``x_0..x_n`` (n >= 2):
+  the plan's checkpoints and its peak ``act[0] + F(0)``."""
+  n = chain.n
+  t = terms(chain)
+  h, c = t.h, t.c
+  xs, ys, rs = [], [], []
+  f = [0] * (n + 1)
+  choice = [n] * (n + 1)
+  q = 0
+  for l in range(n - 1, -1, -1):
+    r_new = l + 1
+    x_new = h[r_new]
+    y_new = float("-inf") if r_new == n else act[r_new] + f[r_new]
+    while xs and (xs[-1] <= x_new or ys[-1] >= y_new):
+      if xs[-1] <= x_new and ys[-1] < y_new:
+        y_new, r_new = ys[-1], rs[-1]
+      xs.pop()
+      ys.pop()
+      rs.pop()
+    xs.append(x_new)
+    ys.append(y_new)
+    rs.append(r_new)
+    top = len(xs) - 1
+    if q > top - 1:
+      q = top - 1 if top > 0 else 0
+    while q < top and xs[q + 1] - c[l] >= ys[q + 1]:
+      q += 1
+    best, best_r = xs[q] - c[l], rs[q]
+    if q < top and ys[q + 1] < best:
+      best, best_r = ys[q + 1], rs[q + 1]
+    f[l], choice[l] = best, best_r
+  return plan_from_choices(choice, n), act[0] + f[0]
+
+
+def former_restricted(chain, last):
+  """Least-peak checkpoints ``<= last``: later ``x_r`` made larger than the no-checkpoint peak."""
+  n = chain.n
+  if n <= 1 or last <= 0:
+    return (), peak_bytes(chain, Plan(()))
+  act = list(chain.act_bytes)
+  act[last + 1:n] = [peak_bytes(chain, Plan(())) + 1] * max(0, n - 1 - last)
+  return former_stack_solve(chain, act)
+
+
+def former_least_recompute(chain, budget, within):
+  """The binary search on the last checkpoint, from a fitting plan ``within``."""
+  n = chain.n
+  prefix = [0, *itertools.accumulate(chain.flops)]
+
+  def fits(last):
+    cps, peak = former_restricted(chain, last)
+    return cps if peak <= budget else None
+
+  lo, hi = 0, within[-1] if within else 0
+  if peak_bytes(chain, Plan(())) <= budget:
+    hi = 0
+  if hi > 0:
+    below = fits(hi - 1)
+    if below is None:
+      lo = hi
+    else:
+      hi = below[-1] if below else 0
+  while lo < hi:
+    mid = (lo + hi) // 2
+    cps = fits(mid)
+    if cps is not None:
+      hi = cps[-1] if cps else 0
+    else:
+      lo = mid + 1
+  same = bisect.bisect_right(prefix, prefix[lo], 0, max(n, 1)) - 1
+  return former_restricted(chain, same)[0]
+
+
+def former_optimal(chain):
+  """Checkpoints ``solve(chain, "optimal")`` returned before issue 25."""
+  if chain.n <= 1:
+    return ()
+  first, peak = former_stack_solve(chain, chain.act_bytes)
+  return former_least_recompute(chain, peak, first)
+
+
+def former_budget(chain, budget):
+  """Checkpoints ``solve(chain, "budget", budget_bytes=budget)`` returned before issue 25
+  (an int budget), or None where it raised for an infeasible budget."""
+  if chain.n <= 1:
+    return () if literal_peak_of(chain, ()) <= budget else None
+  first, peak = former_stack_solve(chain, chain.act_bytes)
+  return former_least_recompute(chain, budget, first) if budget >= peak else None

@@ -48,7 +48,7 @@ def solve(chain: Chain, method: str = "optimal", *,
     method: one of ``jaxremat.solvers.SOLVERS`` or ``BUDGET_SOLVERS``:
 
       - model R (``peak_bytes``): ``"optimal"`` (exact minimum, and among plans of
-        that peak the one recomputing least; O(n log n): O(n) solves of a binary search),
+        that peak the one recomputing least; O(n): three linear passes),
         ``"quadratic"`` (the same optimum by the O(n^2) recurrence), ``"brute"``
         (exhaustive, n <= 20);
       - model A (``cost_a``, Hong et al.'s first model): ``"dp"`` (exact,
@@ -60,7 +60,8 @@ def solve(chain: Chain, method: str = "optimal", *,
         ``Plan.inner`` splits recomputed segments again; scored by
         ``jaxremat._model.simulate.simulate_peak_bytes`` (model R on single-level plans),
         never above ``"optimal"``; O(n^3), n <= 400;
-      - ``"budget"``: the fewest recomputed FLOPs with ``peak_bytes <= budget_bytes``.
+      - ``"budget"``: the fewest recomputed FLOPs with ``peak_bytes <= budget_bytes``
+        (O(n): two linear passes).
     budget_bytes: the peak allowed (bytes, model R); required by ``"budget"`` and
       refused by every other method.
 

@@ -8,8 +8,9 @@ import operator
 
 from jaxremat._model.chain import Chain, Plan, peak_bytes
 from jaxremat._errors import InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError
-from jaxremat.solvers._optimal import least_peak_checkpoints, least_recompute_checkpoints
-from jaxremat.solvers._terms import terms
+from jaxremat.solvers._optimal import (cheapest_last, least_last, least_peak_choices,
+                                         least_peak_value)
+from jaxremat.solvers._terms import plan_from_choices, terms
 
 
 def budget_as_int(budget_bytes: object) -> int | None:
@@ -36,7 +37,7 @@ def least_last_checkpoint(chain: Chain, budget_bytes: int) -> int | None:
   """The least ``L`` such that a plan with checkpoints ``<= L`` peaks at most ``budget_bytes``.
 
   The left-to-right O(n^2) DP of DESIGN.md, kept as the reference for
-  ``solve_budget``'s O(n log n) search. ``D(r)``, the least held sum
+  ``_optimal.least_last`` (the same DP in O(n)). ``D(r)``, the least held sum
   ``sum_{c in C u {0}, c <= r} a_c`` over plans of the layers ``1..r`` that keep
   ``x_r`` and stay within budget, is ``a_r + min D(l)`` over the ``l < r`` with
   ``D(l) + S(l, r) <= budget`` (``S`` from ``_terms``; a smaller held sum is never
@@ -69,15 +70,15 @@ def least_last_checkpoint(chain: Chain, budget_bytes: int) -> int | None:
 
 
 def solve_budget(chain: Chain, budget_bytes: int) -> Plan:
-  """The plan with ``peak_bytes <= budget_bytes`` that recomputes the fewest FLOPs.
+  """The plan with ``peak_bytes <= budget_bytes`` that recomputes the fewest FLOPs, in O(n).
 
   Every non-final segment is recomputed once, so a plan recomputes
-  ``f_1 + ... + f_L`` with ``L`` its last checkpoint, and the least peak over plans
-  with checkpoints ``<= L``, ``P(L)``, does not increase with ``L``. A binary search on
-  ``L`` (each probe one exact O(n) solve, ``least_peak_plan``) finds the least ``L``
-  with ``P(L) <= budget``; among the plans recomputing just as little (checkpoints up
-  to the last ``L'`` with the same prefix FLOPs) the one of least peak is returned.
-  O(n log n) in all.
+  ``f_1 + ... + f_L`` with ``L`` its last checkpoint. ``least_last`` (one left-to-right
+  pass) finds the least ``L`` such that a plan with checkpoints ``<= L`` fits the
+  budget; the plans recomputing just as little are those with checkpoints up to the
+  last ``L'`` with ``f_{L+1} = ... = f_{L'} = 0``, and one stack solve restricted to
+  them (``least_peak_choices``) returns the one of least peak. The least peak of all
+  plans is computed only for the error.
 
   Args:
     chain: the per-layer byte counts and FLOPs.
@@ -99,14 +100,23 @@ def solve_budget(chain: Chain, budget_bytes: int) -> Plan:
     for the min-time-under-a-budget formulation.
   """
   budget = budget_as_int(budget_bytes)
-  most = peak_bytes(chain, Plan(()))
-  if budget is None:  # no limit: every budget from the no-checkpoint peak up is the same
-    budget = most
-  optimum = least_peak_checkpoints(chain)
-  least = peak_bytes(chain, Plan(optimum))
-  if budget < least:
-    raise InfeasibleBudgetError(
-        f"budget_bytes={budget} is below the least peak any plan reaches, {least} bytes "
-        f"(model R, method='optimal'); pass budget_bytes >= {least}.",
-        budget_bytes=budget, min_feasible_bytes=least)
-  return Plan(least_recompute_checkpoints(chain, budget, optimum), method="budget")
+  n = chain.n
+  if n <= 1:  # the only plan keeps nothing
+    least = peak_bytes(chain, Plan(()))
+    if budget is not None and budget < least:
+      raise _infeasible(budget, least)
+    return Plan((), method="budget")
+  t, a = terms(chain), chain.act_bytes
+  last = 0 if budget is None else least_last(t, a, budget)
+  if last is None:
+    raise _infeasible(budget, a[0] + least_peak_value(t, a))
+  choice = least_peak_choices(t, a, cheapest_last(chain.flops, last))
+  return Plan(plan_from_choices(choice, n), method="budget")
+
+
+def _infeasible(budget: int, least: int) -> InfeasibleBudgetError:
+  """The error for a budget below ``least``, the least peak of any plan (bytes)."""
+  return InfeasibleBudgetError(
+      f"budget_bytes={budget} is below the least peak any plan reaches, {least} bytes "
+      f"(model R, method='optimal'); pass budget_bytes >= {least}.",
+      budget_bytes=budget, min_feasible_bytes=least)

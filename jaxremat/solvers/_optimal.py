@@ -1,31 +1,41 @@
-"""Exact model-R optimum in O(n): a monotone stack with a one-way crossing pointer.
-
-Among the plans of least peak, the one that recomputes least (DESIGN.md's tie rule).
-"""
+"""Exact model-R optimum, then least recomputation, in O(n): monotone stacks and deques."""
 
 from __future__ import annotations
 
-import bisect
+import collections
+from collections.abc import Sequence
+from itertools import islice
 
-from jaxremat._model.chain import Chain, Plan, peak_bytes
+from jaxremat._model.chain import Chain, Plan
 from jaxremat.solvers._terms import Terms, plan_from_choices, terms
 
+_INF = float("inf")
 _NEG_INF = float("-inf")
+# Every G(r) = a_r + F(r) for r < n and every M(l, r) - c[l] is >= 0 bytes: -1 stands for
+# G(n) = -inf, and the sentinel block below the stack, (+inf, -2), is never popped.
+_END = -1
+_SENTINEL = -2
 
 
 def solve_optimal(chain: Chain) -> Plan:
-  """The plan of least ``peak_bytes`` that recomputes the fewest FLOPs.
+  """The plan of least ``peak_bytes`` that recomputes the fewest FLOPs, in O(n).
 
-  One O(n) solve (``least_peak_checkpoints``) finds the least peak; plans of that peak
-  differ in their last checkpoint ``L``, and so in what they recompute
-  (``f_1 + ... + f_L``). ``least_recompute_checkpoints`` then finds the least such
-  ``L``: one more O(n) solve when the first plan's ``L`` is already least, else a
-  binary search of O(n) solves, O(n log n) in all.
+  Three linear passes: ``least_peak_value`` (Hong et al.'s monotone stack, right to
+  left) gives the least peak ``P``; ``least_last`` (monotone deques, left to right) the
+  least ``L`` such that a plan with checkpoints ``<= L`` peaks at ``P``; and
+  ``least_peak_choices`` restricted to checkpoints ``<= L'`` the plan. A plan
+  recomputes ``f_1 + ... + f_L`` with ``L`` its last checkpoint and no plan of peak
+  ``P`` ends below ``L``, so those recomputing least are the ones with checkpoints up to
+  ``L'``, the last index ``<= n-1`` with ``f_{L+1} = ... = f_{L'} = 0``. Ties among
+  them go as before: the former O(n log n) binary search on ``L`` ended with this same
+  restricted solve on the same ``L'``.
   """
-  if chain.n <= 1:
+  n = chain.n
+  if n <= 1:
     return Plan((), method="optimal")
-  first, peak = _least_peak(terms(chain), chain.act_bytes, chain.n)
-  return Plan(least_recompute_checkpoints(chain, peak, first), method="optimal")
+  t, a = terms(chain), chain.act_bytes
+  last = cheapest_last(chain.flops, least_last(t, a, a[0] + least_peak_value(t, a)))
+  return Plan(plan_from_choices(least_peak_choices(t, a, last), n), method="optimal")
 
 
 def prefix_flops(chain: Chain) -> list[int]:
@@ -36,73 +46,20 @@ def prefix_flops(chain: Chain) -> list[int]:
   return prefix
 
 
-def least_peak_plan(chain: Chain, last: int, *,
-                    no_checkpoint_peak: int | None = None) -> tuple[int, ...]:
+def least_peak_plan(chain: Chain, last: int) -> tuple[int, ...]:
   """Checkpoints of least ``peak_bytes`` among the plans whose checkpoints are all ``<= last``.
 
-  Keeping ``x_r`` for ``r > last`` is made never worth it by giving it more bytes than
-  the plan without checkpoints peaks at (a kept ``x_r`` is live in every later segment),
-  and the exact O(n) solver does the rest: O(n).
+  One O(n) stack solve (``least_peak_choices``).
 
   Args:
     chain: the per-layer byte counts.
-    last: the largest checkpoint allowed (0: none).
-    no_checkpoint_peak: ``peak_bytes(chain, Plan(()))`` if already known (bytes).
-  """
-  if no_checkpoint_peak is None:
-    no_checkpoint_peak = peak_bytes(chain, Plan(()))
-  return _restricted(chain, terms(chain), last, no_checkpoint_peak)[0]
-
-
-def _restricted(chain: Chain, t: Terms, last: int, no_checkpoint_peak: int) -> tuple[tuple[int, ...], int]:
-  """``least_peak_plan`` and its peak (bytes), given the chain's ``terms``."""
-  n = chain.n
-  if n <= 1 or last <= 0:
-    return (), no_checkpoint_peak
-  act = list(chain.act_bytes)
-  act[last + 1:n] = [no_checkpoint_peak + 1] * max(0, n - 1 - last)
-  return _least_peak(t, act, n)
-
-
-def least_recompute_checkpoints(chain: Chain, budget_bytes: int,
-                                within: tuple[int, ...]) -> tuple[int, ...]:
-  """Checkpoints with ``peak_bytes <= budget_bytes`` that recompute the fewest FLOPs,
-  then of least peak.
-
-  A plan recomputes ``f_1 + ... + f_L`` with ``L`` its last checkpoint, and the least
-  peak over plans with checkpoints ``<= L`` does not increase with ``L``: the least
-  ``L`` that fits is found by probing ``L`` below the last checkpoint of ``within`` (a
-  plan known to fit), the next one down first, then by binary search. Among the plans
-  recomputing just as little (checkpoints up to the last ``L'`` with the same prefix
-  FLOPs), the one of least peak is returned.
+    last: the largest checkpoint allowed (0 or less: none).
   """
   n = chain.n
-  most = peak_bytes(chain, Plan(()))
-  prefix = prefix_flops(chain)
-  t = terms(chain)
-
-  def fits(last: int) -> tuple[int, ...] | None:
-    cps, peak = _restricted(chain, t, last, most)
-    return cps if peak <= budget_bytes else None
-
-  lo, hi = 0, within[-1] if within else 0
-  if most <= budget_bytes:  # no checkpoints at all fits
-    hi = 0
-  if hi > 0:
-    below = fits(hi - 1)
-    if below is None:  # within's L is already least: two solves in all
-      lo = hi
-    else:
-      hi = below[-1] if below else 0
-  while lo < hi:  # least L with a fitting plan; one fits with L = hi throughout
-    mid = (lo + hi) // 2
-    cps = fits(mid)
-    if cps is not None:
-      hi = cps[-1] if cps else 0
-    else:
-      lo = mid + 1
-  same = bisect.bisect_right(prefix, prefix[lo], 0, max(n, 1)) - 1  # last L' <= n-1 as cheap
-  return _restricted(chain, t, same, most)[0]
+  if n <= 1:
+    return ()
+  choice = least_peak_choices(terms(chain), chain.act_bytes, max(0, min(last, n - 1)))
+  return plan_from_choices(choice, n)
 
 
 def least_peak_checkpoints(chain: Chain) -> tuple[int, ...]:
@@ -122,48 +79,173 @@ def least_peak_checkpoints(chain: Chain) -> tuple[int, ...]:
     Hong et al. 2025, "GPU Memory Usage Optimization for Backward Propagation in Deep
     Network Training", JPDC (arXiv:2502.12499).
   """
-  if chain.n <= 1:
+  n = chain.n
+  if n <= 1:
     return ()
-  return _least_peak(terms(chain), chain.act_bytes, chain.n)[0]
+  return plan_from_choices(least_peak_choices(terms(chain), chain.act_bytes, n - 1), n)
 
 
-def _least_peak(t: Terms, a, n: int) -> tuple[tuple[int, ...], int]:
-  """The stack solve of ``least_peak_checkpoints`` with ``a`` as the bytes of ``x_0..x_n``;
-  also the least peak it reaches, ``a_0 + F(0)`` (bytes). Needs ``n >= 2``."""
+def least_last(t: Terms, a: Sequence[int], budget_bytes: int) -> int | None:
+  """The least ``L`` such that a plan with checkpoints ``<= L`` peaks at most ``budget_bytes``.
+
+  ``_budget.least_last_checkpoint``'s left-to-right DP in O(n). ``D(r)``, the least
+  held bytes over the plans of layers ``1..r`` that keep ``x_r`` and fit, is
+  ``a_r + min D(l)`` over the candidates ``l < r`` whose segment fits:
+  ``D(l) - c[l] + M(l, r) <= budget``. As ``r`` grows ``M(l, r)`` does not shrink, so
+  a candidate that stops fitting never fits again and is dropped for good; and a
+  candidate ``l`` is dominated by a later ``l'`` with ``D(l') <= D(l)`` (``c[l'] >=
+  c[l]`` and ``M(l', r) <= M(l, r)``: ``l'`` fits whenever ``l`` does), so it is
+  dropped as ``l'`` arrives. The candidates left have non-decreasing ``D`` from front to
+  back and the front, once it fits, is the least ``D`` that fits. Its ``M(front, r)``
+  is a running maximum; when the front goes, the next one's ``M`` is the head of a
+  monotone deque of the maxima of ``h`` over ``(front, r]``, a window whose two ends
+  only move right. Every index enters and leaves each deque once: O(n). The answer is
+  the first ``r`` with ``D(r) + S(r, n) <= budget`` (0 for ``D(0) = a_0``).
+
+  Args:
+    t: the chain's ``terms`` (``n >= 1`` layers).
+    a: ``a_0..a_n``, bytes of each activation.
+    budget_bytes: the most bytes the plan may peak at (model R).
+
+  Returns:
+    ``L`` in ``0..n-1``, or None when no plan fits the budget.
+  """
+  h, c, to_end = t.h, t.c, t.to_end
+  n = len(c)
+  held = a[0]  # D(front)
+  if held + to_end[0] <= budget_bytes:
+    return 0
+  spare = held - c[0]  # D(front) - c[front]
+  top = _NEG_INF  # M(front, r)
+  candidates = collections.deque([(0, held, spare)])  # (l, D(l), D(l) - c[l])
+  window = collections.deque()  # indices in (front, r] of decreasing h
+  for r, h_r, a_r, c_r, end in zip(range(1, n), islice(h, 1, n), islice(a, 1, n),
+                                   islice(c, 1, n), islice(to_end, 1, n)):
+    while window and h[window[-1]] <= h_r:
+      window.pop()
+    window.append(r)
+    if h_r > top:
+      top = h_r
+    while spare + top > budget_bytes:  # the front's segment no longer fits
+      candidates.popleft()
+      if not candidates:
+        return None
+      front, held, spare = candidates[0]
+      while window[0] <= front:
+        window.popleft()
+      top = h[window[0]]
+    held_r = a_r + held
+    if held_r + end <= budget_bytes:
+      return r
+    while candidates[-1][1] > held_r:
+      candidates.pop()
+    candidates.append((r, held_r, held_r - c_r))
+  return None
+
+
+def cheapest_last(flops: Sequence[int], last: int) -> int:
+  """The last ``L'`` in ``last..n-1`` with ``f_{last+1} = ... = f_{L'} = 0``: the largest
+  last checkpoint recomputing as few FLOPs as ``last``."""
+  end = last
+  while end < len(flops) - 1 and flops[end] == 0:
+    end += 1
+  return end
+
+
+def least_peak_value(t: Terms, a: Sequence[int]) -> int:
+  """``F(0)`` of the stack solve of ``least_peak_checkpoints`` (bytes; ``n >= 1``): the least
+  peak is ``a_0 + F(0)``. ``least_peak_choices``' scan without the choices (faster)."""
   h, c = t.h, t.c
-  # Blocks from far (index 0) to near: block max of h, least G, the r attaining it.
-  xs: list[float] = []
-  ys: list[float] = []
-  rs: list[int] = []
-  f = [0] * (n + 1)
+  n = len(c)
+  best = t.to_end[n - 1]
+  xs: list[float] = [_INF, h[n]]
+  ys: list[int] = [_SENTINEL, _END]
+  q = 1
+  x_q, x_next, y_next = h[n], _NEG_INF, _INF
+  push_x, push_y, pop_x, pop_y = xs.append, ys.append, xs.pop, ys.pop
+  for x_new, a_r, cl in zip(islice(reversed(h), 1, n), islice(reversed(a), 1, n),
+                            islice(reversed(c), 1, n)):
+    y_new = a_r + best
+    while xs[-1] <= x_new or ys[-1] >= y_new:
+      y = pop_y()
+      if y < y_new:
+        y_new = y
+      pop_x()
+    push_x(x_new)
+    push_y(y_new)
+    top = len(xs) - 1
+    if top <= q + 1:  # block q + 1 was replaced
+      if q >= top:
+        q = top - 1 if top > 1 else 1
+      x_q = xs[q]
+      x_next, y_next = (xs[q + 1], ys[q + 1]) if q < top else (_NEG_INF, _INF)
+    while x_next - cl >= y_next:
+      q += 1
+      x_q = x_next
+      x_next, y_next = (xs[q + 1], ys[q + 1]) if q < top else (_NEG_INF, _INF)
+    best = x_q - cl
+    if y_next < best:
+      best = y_next
+  return best
+
+
+def least_peak_choices(t: Terms, a: Sequence[int], last: int) -> list[int]:
+  """The stack solve of ``least_peak_checkpoints`` over plans with checkpoints ``<= last``.
+
+  Returns ``choice`` (``choice[l]``: the end of the segment that starts at ``l``) for
+  ``plan_from_choices``. ``0 <= last <= n-1``. For ``l >= last`` only ``r = n`` is
+  allowed: ``F(l) = S(l, n)``, one block ``(M(l, n), -inf, n)``, and the scan starts
+  below it. This is, plan for plan, the solve of the chain with every ``x_r``,
+  ``r > last``, made larger than the no-checkpoint peak (the former restriction): blocks
+  whose ``G`` reaches that size never win (the bottom block is below it); they lie on top
+  of the stack (``G`` increases towards the top), and a new block either pops them all
+  without taking their ``G`` or leaves every block below them as it is, so those evolve
+  as if they were absent.
+  """
+  h, c = t.h, t.c
+  n = len(c)
   choice = [n] * (n + 1)
-  q = 0  # crossing: the nearest block with xs[q] - c >= ys[q]
+  best = t.to_end[last]
+  # Blocks from far (index 0) to near: block max of h, least G, the r attaining it; a
+  # sentinel block below the bottom one is never popped.
+  xs: list[float] = [_INF, best + c[last]]
+  ys: list[int] = [_SENTINEL, _END]
+  rs: list[int] = [n, n]
+  # The crossing q, the nearest block with xs[q] - c >= ys[q], and copies of blocks q and
+  # q + 1 (-inf, +inf when there is none: never crossed, never better).
+  q = 1
+  x_q, r_q, x_next, y_next, r_next = xs[1], n, _NEG_INF, _INF, n
   push_x, push_y, push_r = xs.append, ys.append, rs.append
   pop_x, pop_y, pop_r = xs.pop, ys.pop, rs.pop
-  for l in range(n - 1, -1, -1):
-    r_new = l + 1
-    x_new = h[r_new]
-    y_new = _NEG_INF if r_new == n else a[r_new] + f[r_new]
-    while xs and (xs[-1] <= x_new or ys[-1] >= y_new):
-      if xs[-1] <= x_new and ys[-1] < y_new:  # merged into the new block
-        y_new, r_new = ys[-1], rs[-1]
+  skip = n - last  # reversed(h) and reversed(a) start at index n, reversed(c) at n - 1
+  for l, r_new, x_new, a_r, cl in zip(range(last - 1, -1, -1), range(last, 0, -1),
+                                      islice(reversed(h), skip, n), islice(reversed(a), skip, n),
+                                      islice(reversed(c), skip, n)):
+    y_new = a_r + best
+    while xs[-1] <= x_new or ys[-1] >= y_new:
+      y, r = pop_y(), pop_r()
+      if y < y_new:  # merged into the new block
+        y_new, r_new = y, r
       pop_x()
-      pop_y()
-      pop_r()
     push_x(x_new)
     push_y(y_new)
     push_r(r_new)
-    cl = c[l]
     top = len(xs) - 1
-    if q > top - 1:
-      q = top - 1 if top > 0 else 0
-    while q < top and xs[q + 1] - cl >= ys[q + 1]:
+    if top <= q + 1:  # block q + 1 was replaced
+      if q >= top:
+        q = top - 1 if top > 1 else 1
+      x_q, r_q = xs[q], rs[q]
+      x_next, y_next, r_next = (xs[q + 1], ys[q + 1], rs[q + 1]) if q < top else (
+          _NEG_INF, _INF, n)
+    while x_next - cl >= y_next:
       q += 1
-    best = xs[q] - cl
-    best_r = rs[q]
-    if q < top and ys[q + 1] < best:
-      best = ys[q + 1]
-      best_r = rs[q + 1]
-    f[l] = best
-    choice[l] = best_r
-  return plan_from_choices(choice, n), a[0] + f[0]
+      x_q, r_q = x_next, r_next
+      x_next, y_next, r_next = (xs[q + 1], ys[q + 1], rs[q + 1]) if q < top else (
+          _NEG_INF, _INF, n)
+    best = x_q - cl
+    if y_next < best:
+      best = y_next
+      choice[l] = r_next
+    else:
+      choice[l] = r_q
+  return choice

@@ -38,11 +38,10 @@ def pareto(chain: Chain) -> list[tuple[int, int, Plan]]:
   prefix = prefix_flops(chain)
   hi = max(n, 1)  # last checkpoints range over 0..n-1
   level = prefix[hi - 1]
-  most = peak_bytes(chain, Plan(()))
   found: list[tuple[int, int, Plan]] = []
   while True:
     last = bisect.bisect_right(prefix, level, 0, hi) - 1
-    plan = Plan(least_peak_plan(chain, last, no_checkpoint_peak=most), method="budget")
+    plan = Plan(least_peak_plan(chain, last), method="budget")
     flops = recompute_flops(chain, plan)
     if flops < level:  # same peak reachable at a lower level: settle the level there first
       level = flops
