@@ -1,6 +1,8 @@
 """jaxremat: optimal gradient checkpointing for JAX and Flax, proved with XLA's statistics."""
 
 from jaxremat._api.apply import apply as apply
+from jaxremat._api.compile import RematUndoneWarning as RematUndoneWarning
+from jaxremat._api.compile import jit as jit
 from jaxremat._api.result import Remat as Remat
 from jaxremat._model.chain import Chain as Chain
 from jaxremat._model.chain import Plan as Plan
@@ -50,6 +52,7 @@ __all__ = (
     "NotAChainError",
     "Plan",
     "Remat",
+    "RematUndoneWarning",
     "ScanPlan",
     "UnknownMethodError",
     "UnsupportedModelError",
@@ -58,6 +61,7 @@ __all__ = (
     "apply_nnx",
     "compile_footprint",
     "graph_peak_bytes",
+    "jit",
     "measure",
     "pareto",
     "peak_bytes",

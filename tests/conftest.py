@@ -1,5 +1,15 @@
-"""Shared test setup: strict numerics and a few small models."""
+"""Shared test setup: strict numerics, and remat kept on CPU for every compile.
 
-import jax
+Tests compile with plain ``jax.jit`` too; XLA's CPU compiler would drop
+``jax.checkpoint``'s barriers there (and jaxremat would warn), so the process-wide flag
+that keeps them is set before JAX starts, as docs/quickstart.md tells users to.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_disable_hlo_passes=cse_barrier_expander"]).strip()
+
+import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -21,14 +21,24 @@ def check_model_fn(model_fn: Callable[..., Any]) -> None:
 
 
 def check_arrays(what: str, tree: Any) -> None:
-  """Every leaf of ``tree`` is an array; else one error naming the first five that are not."""
+  """Every leaf of ``tree`` is an array or a ``jax.ShapeDtypeStruct`` (planning allocates
+  nothing), and none is a tracer; else one error naming the first five that are not."""
   leaves = jax.tree_util.tree_leaves_with_path(tree)
-  bad = [(jax.tree_util.keystr(p), type(x).__name__) for p, x in leaves if not is_array_leaf(x)]
+  traced = [jax.tree_util.keystr(p) for p, x in leaves if isinstance(x, jax.core.Tracer)]
+  if traced:
+    raise InvalidArgumentError(
+        f"{what}{traced[0]} is a tracer: jaxremat.apply traces the model itself and cannot "
+        "run inside jax.jit, grad or vmap. Call it once outside, with arrays or with "
+        "jax.ShapeDtypeStructs (e.g. jax.eval_shape(model.init, key, x)), and use r.fn "
+        "inside the jitted step.")
+  bad = [(jax.tree_util.keystr(p), type(x).__name__) for p, x in leaves
+         if not (is_array_leaf(x) or isinstance(x, jax.ShapeDtypeStruct))]
   if bad:
     shown = ", ".join(f"{what}{path} is a {kind}" for path, kind in bad[:5])
     raise InvalidArgumentError(
-        f"every leaf of {what} must be an array (jax.Array or numpy.ndarray): {shown}. "
-        "Convert with jnp.asarray or pass non-array options as keyword arguments.")
+        f"every leaf of {what} must be an array (jax.Array or numpy.ndarray) or a "
+        f"jax.ShapeDtypeStruct: {shown}. Convert with jnp.asarray or pass non-array options "
+        "as keyword arguments.")
 
 
 def check_options(plan: Any, layer_depth: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxremat._api.compile import warn_if_barriers_dropped
 from jaxremat._errors import InputMismatchError, JaxrematError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import emit
@@ -23,7 +24,8 @@ def input_key(params: Any, batch: Any, kwargs: dict[str, Any]) -> InputKey:
 
   def avals(tree):
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple((tuple(np.shape(x)), str(x.dtype)) for x in leaves)
+    shapes = [x.shape if isinstance(x, jax.ShapeDtypeStruct) else np.shape(x) for x in leaves]
+    return treedef, tuple((tuple(s), str(x.dtype)) for s, x in zip(shapes, leaves))
 
   try:
     hash(static)
@@ -81,6 +83,7 @@ class DropIn:
     traced, run = self._cache[key]
     arrays, _, _ = split_kwargs(kwargs)
     flat = jax.tree_util.tree_leaves((params, batch, arrays))
+    warn_if_barriers_dropped(flat)
     return jax.tree_util.tree_unflatten(traced.out_tree, run(flat))
 
   def _check(self, key: InputKey) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 
+from jaxremat._backends.barriers import keeping_barriers
 from jaxremat._errors import InvalidArgumentError, UnsupportedModelError
 
 #: XLA's CPU pipeline expands jax.checkpoint's optimization barriers and then CSE merges
@@ -71,7 +72,9 @@ def compile_footprint(
   for key, value in default_compiler_options(backend).items():
     present = [p for p in str(options.get(key, "")).split(",") if p]
     options[key] = ",".join(dict.fromkeys([*present, str(value)]))
-  compiled = jax.jit(fn).lower(*args).compile(compiler_options=options or None)
+  with keeping_barriers():  # traced for a compile that keeps them
+    lowered = jax.jit(fn).lower(*args)
+  compiled = lowered.compile(compiler_options=options or None)
   stats = memory_stats(compiled)
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
@@ -110,7 +113,8 @@ def measure(
   Raises:
     InvalidArgumentError: ``loss_fn`` does not return a float scalar.
   """
-  out = jax.eval_shape(loss_fn, params, batch)
+  with keeping_barriers():  # a shape check, not a compile
+    out = jax.eval_shape(loss_fn, params, batch)
   if getattr(out, "shape", None) != () or not jax.numpy.issubdtype(out.dtype, jax.numpy.floating):
     raise InvalidArgumentError(
         f"loss_fn must return a float scalar to differentiate, got "

@@ -107,7 +107,8 @@ def trace(
     return model_fn(params, batch, **merge_kwargs(arrays, kw_tree, static))
 
   def spec(x):
-    return jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x) if not hasattr(x, "dtype") else x.dtype)
+    shape = x.shape if isinstance(x, jax.ShapeDtypeStruct) else np.shape(x)
+    return jax.ShapeDtypeStruct(shape, jax.numpy.result_type(x) if not hasattr(x, "dtype") else x.dtype)
 
   closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(
       *jax.tree_util.tree_map(spec, (params, batch, arrays)))
