@@ -95,12 +95,24 @@ def format_demo(result: dict[str, Any]) -> str:
 
 
 def load_model(spec: str) -> Any:
-  """``MODULE:ATTR`` -> a Flax module: the attribute itself, or what calling it returns."""
+  """``MODULE:ATTR`` -> a Flax module: the attribute itself, or what calling it returns.
+
+  ``MODULE`` is imported as ``python -m`` would: the current directory comes first on the
+  path, so a local ``models.py`` is found without ``PYTHONPATH``.
+  """
   module_name, _, attr = spec.partition(":")
   if not module_name or not attr:
     raise SystemExit(f"jaxremat plan: expected MODULE:ATTR (e.g. jaxremat.zoo:all_conv), got {spec!r}")
-  target: Any = importlib.import_module(module_name)
+  if os.getcwd() not in sys.path and "" not in sys.path:
+    sys.path.insert(0, os.getcwd())
+  try:
+    target: Any = importlib.import_module(module_name)
+  except ImportError as err:
+    raise SystemExit(f"jaxremat plan: cannot import {module_name!r} ({err}); run from the "
+                     "directory that holds it, or install it.") from None
   for part in attr.split("."):
+    if not hasattr(target, part):
+      raise SystemExit(f"jaxremat plan: {module_name!r} has no attribute {attr!r}.")
     target = getattr(target, part)
   if isinstance(target, nn.Module):
     return target
@@ -111,7 +123,9 @@ def load_model(spec: str) -> Any:
 
 
 def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
-             budget_bytes: int | None) -> tuple[jaxremat.Remat, dict[str, Any]]:
+             budget_bytes: int | None, layer_depth: int | None = None,
+             model_kwargs: dict[str, Any] | None = None, rngs: Sequence[str] = (),
+             verify: bool | None = None) -> tuple[jaxremat.Remat, dict[str, Any]]:
   """Profiles and solves the model at ``spec`` for a batch of ``batch_shape``.
 
   The summary's ``layers`` give each layer's output, residual and input-residual bytes
@@ -121,9 +135,16 @@ def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
   """
   model = load_model(spec)
   x = jax.random.normal(jax.random.key(1), tuple(batch_shape)).astype(dtype)
-  params = model.init(jax.random.key(0), x)
-  kwargs: dict[str, Any] = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
-  r = jaxremat.apply(model.apply, params, x, method=method, budget_bytes=budget_bytes, **kwargs)
+  kwargs: dict[str, Any] = dict(model_kwargs or {})
+  if rngs:
+    kwargs["rngs"] = {name: jax.random.key(2 + k) for k, name in enumerate(rngs)}
+  params = jax.eval_shape(lambda: model.init(  # abstract: planning allocates nothing
+      {"params": jax.random.key(0), **kwargs.get("rngs", {})}, x,
+      **{k: v for k, v in kwargs.items() if k != "rngs"}))
+  if "batch_stats" in params:
+    kwargs["mutable"] = ["batch_stats"]
+  r = jaxremat.apply(model.apply, params, x, method=method, budget_bytes=budget_bytes,
+                     layer_depth=layer_depth, verify=verify, **kwargs)
   chain = r.chain
   if isinstance(chain, jaxremat.Chain):
     layers = [
@@ -191,6 +212,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   plan.add_argument("--dtype", default="float32")
   plan.add_argument("--method", default="optimal")
   plan.add_argument("--budget", type=float, default=None, help="whole-step budget in bytes")
+  plan.add_argument("--layer-depth", type=int, default=None,
+                    help="name-stack depth of a layer (default: the root module's children)")
+  plan.add_argument("--model-kwargs", default="{}",
+                    help='JSON keyword arguments for model.apply, e.g. \'{"train": true}\'')
+  plan.add_argument("--rngs", default="",
+                    help="comma-separated rng stream names the model needs, e.g. dropout")
+  plan.add_argument("--verify", action="store_true",
+                    help="compile the leading candidate plans and keep XLA's smallest")
   plan.add_argument("--json", action="store_true", help="print the plan and profile as JSON")
   bench = sub.add_parser("bench", help="measure every strategy on zoo models with XLA (slow)")
   bench.add_argument("--models", help="comma-separated, from: " + ", ".join(_bench.MODELS)
@@ -205,8 +234,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.command == "plan":
     shape = [int(d) for d in args.batch_shape.split(",") if d.strip()]
     try:
+      model_kwargs = json.loads(args.model_kwargs)
+    except json.JSONDecodeError as err:
+      print(f"jaxremat plan: --model-kwargs is not JSON ({err}): {args.model_kwargs!r}",
+            file=sys.stderr)
+      return 2
+    try:
       r, summary = run_plan(args.model, shape, args.dtype, args.method,
-                            None if args.budget is None else int(args.budget))
+                            None if args.budget is None else int(args.budget),
+                            layer_depth=args.layer_depth, model_kwargs=model_kwargs,
+                            rngs=[n for n in args.rngs.split(",") if n],
+                            verify=True if args.verify else None)
     except jaxremat.JaxrematError as err:
       print(f"jaxremat plan: {type(err).__name__}: {err}", file=sys.stderr)
       return 2

@@ -1,6 +1,7 @@
 """The command line: ``jaxremat plan``, ``jaxremat demo`` and ``jaxremat bench``."""
 
 import json
+import sys
 
 import jax
 import pytest
@@ -65,3 +66,44 @@ def test_bench_quick_json_matches_measure(capsys, tmp_path):
 def test_bench_rejects_unknown_models(capsys):
   assert cli.main(["bench", "--models", "tiny-mlp,gpt5"]) == 2
   assert "unknown models ['gpt5']" in capsys.readouterr().err
+
+
+LOCAL_MODEL = """
+import flax.linen as nn
+
+class Block(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    y = nn.Dropout(0.1, deterministic=not train)(nn.gelu(nn.Dense(32)(x)))
+    return x + nn.Dense(x.shape[-1])(y)
+
+class Net(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    for i in range(3):
+      x = Block(name=f"block{i}")(x, train)
+    return nn.Dense(4)(x)
+"""
+
+
+def test_plan_takes_a_local_module_layer_depth_and_model_kwargs(tmp_path, monkeypatch, capsys):
+  """A model in the current directory, without PYTHONPATH; dropout needs rngs=."""
+  (tmp_path / "local_net.py").write_text(LOCAL_MODEL)
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+  args = ["plan", "local_net:Net", "--batch-shape", "8,16", "--model-kwargs", '{"train": true}',
+          "--rngs", "dropout", "--json"]
+  assert cli.main(args) == 0
+  names = [layer["name"] for layer in json.loads(capsys.readouterr().out)["layers"]]
+  assert names[:3] == ["block0", "block1", "block2"]
+  assert cli.main([*args, "--layer-depth", "2"]) == 0
+  deeper = [layer["name"] for layer in json.loads(capsys.readouterr().out)["layers"]]
+  assert len(deeper) > len(names) and any(n.startswith("block0/") for n in deeper)
+
+
+def test_plan_says_what_is_wrong_with_the_module_or_kwargs(capsys):
+  with pytest.raises(SystemExit, match="cannot import 'no_such_module'"):
+    cli.main(["plan", "no_such_module:Net", "--batch-shape", "4,4"])
+  assert cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "2,8,8,3",
+                   "--model-kwargs", "{train: 1}"]) == 2
+  assert "--model-kwargs is not JSON" in capsys.readouterr().err

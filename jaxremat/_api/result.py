@@ -111,11 +111,13 @@ class Remat:
     model = "model-G" if self.is_graph else "model-R"
     lines.append(f"input x_0: {fmt_bytes(planner.input_bytes)}; fixed (params, batch, grads): "
                  f"{fmt_bytes(self.fixed_bytes)}")
-    lines.append(f"{'strategy':<14}{'checkpoints':>12}{model + ' peak':>16}{'predicted total':>18}"
-                 f"{'recompute GFLOP':>18}")
-    for method, p in planner.reported_plans(plan).items():
+    plans = planner.reported_plans(plan)
+    w = max(14, *(len(m) + 2 for m in plans))
+    lines.append(f"{'strategy':<{w}}{'checkpoints':>12}{model + ' peak':>16}"
+                 f"{'predicted total':>18}{'recompute GFLOP':>18}")
+    for method, p in plans.items():
       lines.append(
-          f"{method:<14}{len(p.checkpoints):>12}{fmt_bytes(planner.peak_bytes(p)):>16}"
+          f"{method:<{w}}{len(p.checkpoints):>12}{fmt_bytes(planner.peak_bytes(p)):>16}"
           f"{fmt_bytes(planner.total_bytes(p)):>18}{planner.recompute_flops(p) / 1e9:>18.3f}")
     lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}")
     for s in self.scans:
