@@ -25,7 +25,7 @@ from jaxremat._model.graph import GraphChain as GraphChain
 from jaxremat._model.graph import graph_peak_bytes as graph_peak_bytes
 from jaxremat._backends.measure import Footprint as Footprint
 from jaxremat._backends.measure import compile_footprint as compile_footprint
-from jaxremat._backends.measure import measure as measure
+from jaxremat._api.measure import measure as measure
 from jaxremat._jaxpr.scan import ScanPlan as ScanPlan
 from jaxremat._api.nnx import apply_nnx as apply_nnx
 from jaxremat._model.simulate import recompute_counts as recompute_counts

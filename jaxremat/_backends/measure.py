@@ -90,6 +90,15 @@ def compile_footprint(
   )
 
 
+def check_scalar_loss(out: Any) -> None:
+  """Raises unless ``out`` (a loss's abstract value) is a float scalar."""
+  if getattr(out, "shape", None) != () or not jax.numpy.issubdtype(out.dtype, jax.numpy.floating):
+    raise InvalidArgumentError(
+        f"loss_fn must return a float scalar to differentiate, got "
+        f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}; reduce "
+        "the model output to one number, e.g. jnp.mean(jnp.square(out)).")
+
+
 def measure(
     loss_fn: Callable[..., Any],
     params: Any,
@@ -114,10 +123,5 @@ def measure(
     InvalidArgumentError: ``loss_fn`` does not return a float scalar.
   """
   with keeping_barriers():  # a shape check, not a compile
-    out = jax.eval_shape(loss_fn, params, batch)
-  if getattr(out, "shape", None) != () or not jax.numpy.issubdtype(out.dtype, jax.numpy.floating):
-    raise InvalidArgumentError(
-        f"loss_fn must return a float scalar to differentiate, got "
-        f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}; reduce "
-        "the model output to one number, e.g. jnp.mean(jnp.square(out)).")
+    check_scalar_loss(jax.eval_shape(loss_fn, params, batch))
   return compile_footprint(jax.grad(loss_fn), params, batch, compiler_options=compiler_options)

@@ -1,0 +1,55 @@
+"""``jaxremat.measure``: XLA's footprint of a gradient step, for linen params or an nnx model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxremat._backends.barriers import keeping_barriers
+from jaxremat._backends.measure import Footprint, check_scalar_loss, compile_footprint
+from jaxremat._backends.measure import measure as measure_params
+
+
+def measure(
+    loss_fn: Callable[..., Any],
+    params: Any,
+    batch: Any,
+    *,
+    wrt: Any = nnx.Param,
+    compiler_options: Mapping[str, str | bool] | None = None,
+) -> Footprint:
+  """XLA's footprint of the gradient step ``jax.grad(loss_fn)(params, batch)``.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch) -> scalar``; for a flax.nnx model,
+      ``loss_fn(model, batch) -> scalar``.
+    params: the parameters (any pytree of arrays or ``jax.ShapeDtypeStruct``s), or an
+      ``nnx.Module``: then the state ``wrt`` selects is differentiated (as
+      ``nnx.grad`` does) and the rest of its state is an argument of the step.
+    batch: the batch (any pytree of arrays).
+    wrt: for an nnx model, the filter of the differentiated state.
+    compiler_options: extra XLA options (e.g. ``{"xla_disable_hlo_passes":
+      "rematerialization"}`` on GPU to measure a plan without XLA's own remat).
+
+  Returns:
+    The compiled step's ``Footprint``; ``total_bytes`` is the figure to compare.
+
+  Raises:
+    InvalidArgumentError: ``loss_fn`` does not return a float scalar.
+  """
+  if not isinstance(params, nnx.Module):
+    return measure_params(loss_fn, params, batch, compiler_options=compiler_options)
+  graphdef, state = nnx.split(params)
+
+  def loss(state: Any, batch: Any) -> Any:
+    return loss_fn(nnx.merge(graphdef, state), batch)
+
+  def grad_step(state: Any, batch: Any) -> Any:
+    return nnx.grad(loss_fn, argnums=nnx.DiffState(0, wrt))(nnx.merge(graphdef, state), batch)
+
+  with keeping_barriers():
+    check_scalar_loss(jax.eval_shape(loss, state, batch))
+  return compile_footprint(grad_step, state, batch, compiler_options=compiler_options)
