@@ -4,7 +4,6 @@ import pathlib
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
