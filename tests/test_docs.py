@@ -4,6 +4,7 @@ import importlib.util
 import pathlib
 import re
 
+import jax
 import pytest
 
 import jaxremat
@@ -11,8 +12,8 @@ import jaxremat
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
 
-def _gen_api():
-  spec = importlib.util.spec_from_file_location("gen_api", DOCS / "gen_api.py")
+def _load(name):
+  spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -20,7 +21,7 @@ def _gen_api():
 
 def test_api_reference_is_up_to_date():
   text = (DOCS / "api.md").read_text()
-  assert text == _gen_api().render(), "docs/api.md is out of date: run python docs/gen_api.py"
+  assert text == _load("gen_api").render(), "docs/api.md is out of date: run python docs/gen_api.py"
   for name in jaxremat.__all__:
     assert f"### {name}\n" in text
 
@@ -35,13 +36,15 @@ def test_relative_links_resolve(page):
 
 
 @pytest.mark.xla
-def test_quickstart_code_runs(tmp_path, monkeypatch):
-  """Every python block of the quickstart runs, in order, in one namespace."""
+def test_quickstart_runs_and_prints_what_it_shows(tmp_path, monkeypatch):
+  """Every python block of the quickstart runs, in order, in one namespace; on the jax
+  version the page names, each prints exactly the text block after it."""
+  gen = _load("gen_quickstart")
   monkeypatch.chdir(tmp_path)
-  blocks = re.findall(r"```python\n(.*?)```", (DOCS / "quickstart.md").read_text(), re.S)
-  assert len(blocks) >= 5
-  namespace: dict = {}
-  for block in blocks:
-    exec(compile(block, "quickstart.md", "exec"), namespace)  # noqa: S102
+  text = gen.QUICKSTART.read_text()
+  runs, namespace = gen.run(text)
+  assert len(runs) >= 5
   assert namespace["r6"].verified[namespace["r6"].plan.checkpoints] <= 6 * 2**20
   assert namespace["remat"].total_bytes < namespace["plain"].total_bytes
+  if jax.__version__ == gen.recorded_version(text):
+    assert gen.render(text, runs) == text, "run python docs/gen_quickstart.py"
