@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
 from jaxremat._api.planner import ChainPlanner, GraphPlanner, Planner, check_budget_method
 from jaxremat._api.result import Remat
+from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import fit_budget, measured_segments, verify_plan
 from jaxremat._backends.graph_profile import profile_graph
 from jaxremat._backends.measure import measure
@@ -101,13 +101,16 @@ def apply(
   if budget is not None:
     check_budget_method(method)
   verify = budget is not None if verify is None else bool(verify)
-  traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  clock = Stopwatch()
+  with clock("trace"):
+    traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)
   key = input_key(params, batch, model_kwargs)
 
   def measured(plan: Plan, traced: TracedChain = traced, scans: tuple[ScanPlan, ...] = ()) -> int:
-    drop_in = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
-    return measure(training_loss(drop_in, model_kwargs), params, batch).total_bytes
+    with clock("compile"):
+      drop_in = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
+      return measure(training_loss(drop_in, model_kwargs), params, batch).total_bytes
 
   scans: tuple[ScanPlan, ...] = ()
   if scan_segment is not None and not traced.is_graph:
@@ -115,36 +118,41 @@ def apply(
     if verify and scan_segment == "auto":
       segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s))
     traced, scans = _scan.rewrite(traced, segment)
-  planner = _planner(traced, scans, params, batch, model_kwargs, calibrate)
+  with clock("profile"):
+    planner = _planner(traced, scans, params, batch, model_kwargs, calibrate)
   measure_plan = lambda p: measured(p, traced, scans)  # noqa: E731
-  start = time.perf_counter()
-  verified = None
+  with clock("solve"):
+    plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
+  with clock("emit"):
+    fn = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
+  return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],
+               fixed_bytes=planner.fixed_bytes, verified=verified, scans=scans,
+               stage_seconds=dict(clock.seconds), _planner=planner)
+
+
+def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None, refine: bool,
+            verify: bool, measure_plan: Callable[[Plan], int]
+            ) -> tuple[Plan, dict[tuple[int, ...], int] | None]:
+  """The plan: the given one, the budget plan (fitted to XLA's figure with ``verify``), or
+  the solver's (verified among candidates with ``verify``); and what was compiled."""
   if plan is not None:
     planner.validate(plan)
-    if verify:
-      verified = {plan.checkpoints: measure_plan(plan)}
-  elif budget is not None:
-    solved: Plan | None
+    return plan, {plan.checkpoints: measure_plan(plan)} if verify else None
+  if budget is not None:
     try:
-      solved = planner.solve_budget(budget)
+      solved: Plan | None = planner.solve_budget(budget)
     except InfeasibleBudgetError:
       if not verify:
         raise
       solved = None  # the model says no; XLA may still fit one of the fallback plans
     if verify:
-      plan, verified = fit_budget(planner, budget, measure_plan, solved)
-    else:
-      assert solved is not None  # solve_budget raised otherwise
-      plan = solved
-  else:
-    plan = planner.solve(method, refine)
-    if verify and method == "optimal":
-      plan, verified = verify_plan(planner, plan, measure_plan)
-  seconds = time.perf_counter() - start
-  fn = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
-  return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=seconds,
-               fixed_bytes=planner.fixed_bytes, verified=verified, scans=scans,
-               _planner=planner)
+      return fit_budget(planner, budget, measure_plan, solved)
+    assert solved is not None  # solve_budget raised otherwise
+    return solved, None
+  plan = planner.solve(method, refine)
+  if verify and method == "optimal":
+    return verify_plan(planner, plan, measure_plan)
+  return plan, None
 
 
 def _segments(scans: tuple[ScanPlan, ...]) -> tuple[int, ...] | None:

@@ -30,6 +30,8 @@ class Remat:
       plan compiled, by checkpoints.
     scans: one ``ScanPlan`` per scanned layer stack (its segment length, its uniform
       chain), in order.
+    stage_seconds: wall time of each stage of ``apply`` (seconds): ``trace``,
+      ``profile``, ``solve``, ``compile`` (verification and budget fitting) and ``emit``.
   """
 
   fn: Callable[..., Any]
@@ -39,6 +41,7 @@ class Remat:
   fixed_bytes: int
   verified: dict[tuple[int, ...], int] | None = None
   scans: tuple[ScanPlan, ...] = ()
+  stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
   _planner: Planner | None = dataclasses.field(default=None, repr=False)
 
   @property
