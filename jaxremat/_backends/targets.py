@@ -224,8 +224,9 @@ def target_footprint(fn: Callable[..., Any], args: tuple[Any, ...], target: Targ
   if stats is None:
     raise UnsupportedModelError(
         f"XLA reports no memory statistics for the step compiled for {resolved.name}.")
-  local = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                 abstract(args, target_device(resolved)))
+  local = jax.tree_util.tree_map(  # the same arguments, unplaced: lowered for this machine
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
+      abstract(args, target_device(resolved)))
   cost = jax.jit(fn).lower(*local).cost_analysis()
   return Footprint(
       argument_bytes=int(stats.argument_size_in_bytes),
