@@ -74,3 +74,9 @@ def _rebuild_infeasible(message: str, budget_bytes: int,
 
 class UnsupportedScanError(UnsupportedModelError):
   """A scan over stacked parameters that jaxremat cannot segment (see ``apply(scan_segment=)``)."""
+
+
+class TargetUnavailableError(JaxrematError, RuntimeError):
+  """A compile target (``target="h100"``) needs XLA's GPU compiler, which is not available:
+  JAX's CUDA plugin is not installed, or it did not register because JAX was started
+  without ``JAX_PLATFORMS=cpu`` on a machine without a GPU. The message says what to do."""

@@ -1,0 +1,183 @@
+"""Compile targets (``_backends.targets``): parsing everywhere; with JAX's CUDA plugin,
+deviceless H100 compiles checked against XLA's own statistics.
+
+The plugin tests need ``pip install "jaxremat[cuda12-aot]"`` and, on a machine without a
+GPU, ``JAX_PLATFORMS=cpu`` set before JAX starts; they skip with the reason otherwise.
+"""
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+import pytest
+
+import jaxremat
+from jaxremat import zoo
+from jaxremat._backends import targets
+from jaxremat._errors import InvalidArgumentError, TargetUnavailableError
+
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
+NO_XLA_REMAT = {"xla_disable_hlo_passes": "rematerialization"}
+USER_CONFIG = """
+gpu_device_info {
+  core_count: 132
+  device_memory_size: 1234
+}
+platform_name: "CUDA"
+device_description_str: "My GPU"
+"""
+
+
+def _plugin_installed() -> bool:
+  try:
+    return all(importlib.util.find_spec(m) is not None for m in targets.PLUGIN_MODULES)
+  except ModuleNotFoundError:
+    return False
+
+
+needs_plugin = pytest.mark.skipif(
+    not _plugin_installed(), reason='needs JAX\'s CUDA plugin: pip install "jaxremat[cuda12-aot]"')
+
+
+@pytest.mark.parametrize("name", ["h100", "H100", "a100"])
+def test_builtin_targets(name):
+  t = targets.get_target(name)
+  assert t.name == name.lower() and t.platform == "cuda"
+  assert 'platform_name: "CUDA"' in t.config
+  assert 80 * 10**9 < t.memory_bytes < 88 * 10**9  # the 80 GB parts
+  assert dict(t.compiler_options) == {"xla_gpu_enable_triton_gemm": False}
+  assert targets.get_target(t) is t
+
+
+def test_none_is_the_local_backend():
+  assert targets.get_target(None) is None
+
+
+def test_user_config_as_text_and_as_file(tmp_path):
+  from_text = targets.get_target(USER_CONFIG)
+  assert (from_text.name, from_text.memory_bytes, from_text.config) == ("My GPU", 1234, USER_CONFIG)
+  path = tmp_path / "mine.txtpb"
+  path.write_text(USER_CONFIG)
+  assert targets.get_target(str(path)) == from_text
+
+
+@pytest.mark.parametrize("spec, match", [
+    ('platform_name: "ROCM"\ngpu_device_info {}\n', 'platform_name "ROCM"'),
+    ("gpu_device_info { core_count: 1 }\n", "no platform_name"),
+    ("v100", "expected one of h100, a100"),
+    (100, "got int"),
+])
+def test_bad_targets(spec, match):
+  with pytest.raises(InvalidArgumentError, match=match):
+    targets.get_target(spec)
+
+
+def test_missing_plugin_says_what_to_install(monkeypatch):
+  monkeypatch.setattr(targets, "PLUGIN_MODULES", ("jaxremat_no_such_plugin.xla",))
+  with pytest.raises(TargetUnavailableError) as info:
+    targets.target_device(targets.get_target("h100"))
+  message = str(info.value)
+  assert 'pip install "jaxremat[cuda12-aot]"' in message
+  assert f"pip install --no-deps jax-cuda12-plugin=={jaxlib.__version__}" in message
+  assert "JAX_PLATFORMS=cpu" in message
+  assert isinstance(info.value, RuntimeError) and isinstance(info.value, jaxremat.JaxrematError)
+
+
+def test_unregistered_plugin_says_to_set_jax_platforms(monkeypatch):
+  def unregistered(platform, config):
+    raise NotImplementedError("topology not implemented for cuda")
+
+  monkeypatch.setattr(targets, "_installed", lambda module: True)
+  monkeypatch.setattr(targets, "_device", unregistered)
+  with pytest.raises(TargetUnavailableError, match=r"JAX_PLATFORMS=cpu .*before JAX starts"):
+    targets.target_device(targets.get_target("a100"))
+
+
+def test_abstract_places_every_leaf_on_the_device():
+  device = jax.devices()[0]
+  tree = {"w": jnp.ones((3, 4), jnp.bfloat16), "n": np.zeros(2, np.int32), "s": 1.5,
+          "spec": jax.ShapeDtypeStruct((5,), jnp.float32)}
+  out = targets.abstract(tree, device)
+  assert {k: (v.shape, v.dtype) for k, v in out.items()} == {
+      "w": ((3, 4), jnp.bfloat16), "n": ((2,), jnp.int32), "s": ((), jnp.float32),
+      "spec": ((5,), jnp.float32)}
+  assert out["s"].weak_type and not out["w"].weak_type
+  assert all(v.sharding == jax.sharding.SingleDeviceSharding(device) for v in out.values())
+  with pytest.raises(InvalidArgumentError, match="got str"):
+    targets.abstract({"name": "relu"}, device)
+
+
+@pytest.fixture(scope="module")
+def h100():
+  """The H100 target, or a skip saying why its compiler is not available here."""
+  target = targets.get_target("h100")
+  try:
+    targets.target_device(target)
+  except TargetUnavailableError as e:
+    pytest.skip(str(e))
+  return target
+
+
+def _loss(fn):
+  return lambda p, x: jnp.mean(jnp.square(fn(p, x)))
+
+
+@needs_plugin
+def test_mlp_grad_step_footprint_is_xlas(h100):
+  model = zoo.mlp([256, 512, 10])
+  x = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+  params = jax.eval_shape(model.init, jax.random.key(0), x)  # nothing is allocated
+  step = jax.grad(_loss(model.apply))
+  fp = targets.target_footprint(step, (params, x), h100)
+  stats = targets.compile_on_target(step, (params, x), h100).memory_analysis()
+  assert (fp.argument_bytes, fp.output_bytes, fp.temp_bytes, fp.alias_bytes) == (
+      stats.argument_size_in_bytes, stats.output_size_in_bytes, stats.temp_size_in_bytes,
+      stats.alias_size_in_bytes)
+  assert fp.argument_bytes > 0 and fp.output_bytes > 0 and fp.temp_bytes > 0
+  param_bytes = sum(p.size * p.dtype.itemsize for p in jax.tree_util.tree_leaves(params))
+  assert fp.argument_bytes == param_bytes + 64 * 128 * 4
+  assert fp.output_bytes >= param_bytes  # the gradients
+  assert fp.backend == "gpu" and fp.compiler_options["xla_gpu_enable_triton_gemm"] is False
+  assert fp.flops > 0
+
+
+@needs_plugin
+def test_builtin_and_user_configs_compile(h100):
+  renamed = h100.config.replace('"NVIDIA H100 80GB HBM3"', '"My H100"')
+  for spec, kind in (("a100", "NVIDIA A100-SXM4-80GB"), (h100, "NVIDIA H100 80GB HBM3"),
+                     (renamed, "My H100")):
+    target = targets.get_target(spec)
+    assert targets.target_device(target).device_kind == kind
+    fp = targets.target_footprint(lambda x: jnp.sin(x) * 2.0, (jnp.ones(1024),), target)
+    assert fp.argument_bytes == fp.output_bytes == 4096
+
+
+@needs_plugin
+def test_checkpoint_compiles_smaller_on_the_target(h100):
+  """16 wide tanh layers of small weights: the activations dominate, so checkpointing 4
+  segments of 4 layers (keeping their inputs only) must need less memory than keeping
+  every layer's activations."""
+  n, width, batch = 16, 256, 4096
+  params = [jax.ShapeDtypeStruct((width, width), jnp.float32)] * n
+
+  def segment(ws, x):
+    for w in ws:
+      x = jnp.tanh(x @ w)
+    return x
+
+  def plain(ws, x):
+    return jnp.mean(jnp.square(segment(ws, x)))
+
+  def remat(ws, x):
+    for k in range(0, n, 4):
+      x = jax.checkpoint(segment)(ws[k:k + 4], x)
+    return jnp.mean(jnp.square(x))
+
+  x = jax.ShapeDtypeStruct((batch, width), jnp.float32)
+  without = targets.target_footprint(jax.grad(plain), (params, x), h100, NO_XLA_REMAT)
+  with_remat = targets.target_footprint(jax.grad(remat), (params, x), h100, NO_XLA_REMAT)
+  activation = batch * width * 4
+  assert without.total_bytes - with_remat.total_bytes >= 6 * activation
