@@ -20,12 +20,14 @@ from jaxremat._errors import JaxrematError as JaxrematError
 from jaxremat._errors import NotAChainError as NotAChainError
 from jaxremat._errors import UnknownMethodError as UnknownMethodError
 from jaxremat._errors import UnsupportedModelError as UnsupportedModelError
+from jaxremat._errors import TargetUnavailableError as TargetUnavailableError
 from jaxremat._errors import UnsupportedScanError as UnsupportedScanError
 from jaxremat._model.graph import GraphChain as GraphChain
 from jaxremat._model.graph import graph_peak_bytes as graph_peak_bytes
 from jaxremat._backends.measure import Footprint as Footprint
 from jaxremat._backends.measure import compile_footprint as compile_footprint
 from jaxremat._api.measure import measure as measure
+from jaxremat._backends.targets import Target as Target
 from jaxremat._jaxpr.scan import ScanPlan as ScanPlan
 from jaxremat._api.nnx import apply_nnx as apply_nnx
 from jaxremat._model.simulate import recompute_counts as recompute_counts
@@ -54,6 +56,8 @@ __all__ = (
     "Remat",
     "RematUndoneWarning",
     "ScanPlan",
+    "Target",
+    "TargetUnavailableError",
     "UnknownMethodError",
     "UnsupportedModelError",
     "UnsupportedScanError",

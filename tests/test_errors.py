@@ -119,6 +119,13 @@ def without_matplotlib():
     r.plot("unused.png")
 
 
+def measure_for_h100_without_the_plugin():
+  from jaxremat._backends import targets
+  model, params, _ = mlp()
+  with mock.patch.object(targets, "_installed", return_value=False):
+    jaxremat.measure(lambda p, x: jnp.mean(model.apply(p, x)), params, X, target="h100")
+
+
 def other_layers_on_bigger_batch():
   model = DeeperForBigBatches()
   params = model.init(jax.random.key(0), X)
@@ -153,6 +160,8 @@ CASES = [
          jaxremat.InvalidArgumentError, r"layer_depth must be None or an int >= 0.*got '1'"),
     Case("solve-not-a-chain", lambda: jaxremat.solve([4, 4, 4]),
          jaxremat.InvalidArgumentError, r"solve expects a jaxremat.Chain, got list"),
+    Case("target-without-plugin", measure_for_h100_without_the_plugin,
+         jaxremat.TargetUnavailableError, r"needs JAX's CUDA plugin.*pip install"),
     Case("measure-non-scalar-loss", lambda: jaxremat.measure(mlp()[0].apply, mlp()[1], X),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
     # Models jaxremat cannot checkpoint.

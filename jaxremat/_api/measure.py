@@ -10,6 +10,7 @@ from flax import nnx
 
 from jaxremat._backends.barriers import keeping_barriers
 from jaxremat._backends.measure import Footprint, check_scalar_loss, compile_footprint
+from jaxremat._backends.targets import Target, get_target, target_footprint
 from jaxremat._backends.measure import measure as measure_params
 
 
@@ -19,6 +20,7 @@ def measure(
     batch: Any,
     *,
     wrt: Any = nnx.Param,
+    target: str | Target | None = None,
     compiler_options: Mapping[str, str | bool] | None = None,
 ) -> Footprint:
   """XLA's footprint of the gradient step ``jax.grad(loss_fn)(params, batch)``.
@@ -31,6 +33,9 @@ def measure(
       ``nnx.grad`` does) and the rest of its state is an argument of the step.
     batch: the batch (any pytree of arrays).
     wrt: for an nnx model, the filter of the differentiated state.
+    target: compile for this GPU instead of the local backend, from any machine (no GPU
+      needed): ``"h100"``, ``"a100"``, a target-config text or file, or a ``Target``.
+      Params and batch may then be ``jax.ShapeDtypeStruct``s; nothing is allocated.
     compiler_options: extra XLA options (e.g. ``{"xla_disable_hlo_passes":
       "rematerialization"}`` on GPU to measure a plan without XLA's own remat).
 
@@ -38,10 +43,17 @@ def measure(
     The compiled step's ``Footprint``; ``total_bytes`` is the figure to compare.
 
   Raises:
-    InvalidArgumentError: ``loss_fn`` does not return a float scalar.
+    InvalidArgumentError: ``loss_fn`` does not return a float scalar, or ``target`` is
+      not a GPU target.
+    TargetUnavailableError: JAX's CUDA plugin, needed for ``target``, is not usable.
   """
+  resolved = get_target(target)
   if not isinstance(params, nnx.Module):
-    return measure_params(loss_fn, params, batch, compiler_options=compiler_options)
+    if resolved is None:
+      return measure_params(loss_fn, params, batch, compiler_options=compiler_options)
+    with keeping_barriers():  # GPU compiles keep jax.checkpoint's barriers
+      check_scalar_loss(jax.eval_shape(loss_fn, params, batch))
+      return target_footprint(jax.grad(loss_fn), (params, batch), resolved, compiler_options)
   graphdef, state = nnx.split(params)
 
   def loss(state: Any, batch: Any) -> Any:
@@ -52,4 +64,6 @@ def measure(
 
   with keeping_barriers():
     check_scalar_loss(jax.eval_shape(loss, state, batch))
+    if resolved is not None:
+      return target_footprint(grad_step, (state, batch), resolved, compiler_options)
   return compile_footprint(grad_step, state, batch, compiler_options=compiler_options)
