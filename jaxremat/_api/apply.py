@@ -14,7 +14,7 @@ from jaxremat._api.loss import training_loss
 from jaxremat._api.planner import ChainPlanner, GraphPlanner, Planner, check_budget_method
 from jaxremat._api.result import Remat
 from jaxremat._api.stopwatch import Stopwatch
-from jaxremat._api.verify import fit_budget, measured_segments, verify_plan
+from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
 from jaxremat._backends.graph_profile import profile_graph
 from jaxremat._backends.measure import measure
 from jaxremat._backends.profile import profile
@@ -68,7 +68,10 @@ def apply(
       ``scan_segment="auto"``, first measure every segment length of each scanned stack.
       With ``budget_bytes``, instead tighten the plan until XLA's footprint fits. With
       ``plan``, measure that plan only. The figures are kept in ``Remat.verified``.
-      Default: on with ``budget_bytes``, off otherwise.
+      Default (None): confirm the chosen plan with one compile, and when XLA's footprint
+      is more than 3% off the prediction, compile the 3 leading candidates too and keep
+      XLA's least; with ``budget_bytes``, fit the budget as above. ``False``: compile
+      nothing (the prediction alone).
     calibrate: compile each layer's backward alone and take what XLA's temp needs beyond
       its residuals as its workspace (one small compile per layer).
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
@@ -100,7 +103,7 @@ def apply(
   budget = checks.check_budget(budget_bytes) if budget_bytes is not None else None
   if budget is not None:
     check_budget_method(method)
-  verify = budget is not None if verify is None else bool(verify)
+    verify = verify is None or bool(verify)
   clock = Stopwatch()
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
@@ -131,10 +134,11 @@ def apply(
 
 
 def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None, refine: bool,
-            verify: bool, measure_plan: Callable[[Plan], int]
+            verify: bool | None, measure_plan: Callable[[Plan], int]
             ) -> tuple[Plan, dict[tuple[int, ...], int] | None]:
-  """The plan: the given one, the budget plan (fitted to XLA's figure with ``verify``), or
-  the solver's (verified among candidates with ``verify``); and what was compiled."""
+  """The plan: the given one, the budget plan (fitted to XLA's figure unless ``verify`` is
+  False), or the solver's (confirmed by default, verified among candidates with
+  ``verify``); and what was compiled."""
   if plan is not None:
     planner.validate(plan)
     return plan, {plan.checkpoints: measure_plan(plan)} if verify else None
@@ -152,6 +156,8 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
   plan = planner.solve(method, refine)
   if verify and method == "optimal":
     return verify_plan(planner, plan, measure_plan)
+  if verify is None and method == "optimal":
+    return confirm_plan(planner, plan, measure_plan)
   return plan, None
 
 

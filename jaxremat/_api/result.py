@@ -66,6 +66,12 @@ class Remat:
     """Predicted XLA footprint of ``jax.grad`` of a scalar loss of ``fn`` (bytes)."""
     return self.predict_total_bytes(self.plan)
 
+  @property
+  def measured_total_bytes(self) -> int | None:
+    """XLA's compiled footprint of the chosen plan's gradient step (bytes), when
+    ``apply`` compiled it (by default it does), else None."""
+    return (self.verified or {}).get(self.plan.checkpoints)
+
   def predict_total_bytes(self, plan: Plan) -> int:
     """Predicted XLA footprint of the gradient step under any ``plan`` (bytes).
 
@@ -123,6 +129,11 @@ class Remat:
           f"{method:<{w}}{len(p.checkpoints):>12}{fmt_bytes(planner.peak_bytes(p)):>16}"
           f"{fmt_bytes(planner.total_bytes(p)):>18}{planner.recompute_flops(p) / 1e9:>18.3f}")
     lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}")
+    if self.measured_total_bytes is not None:
+      predicted, measured = planner.total_bytes(plan), self.measured_total_bytes
+      lines.append(f"XLA-measured footprint of the chosen plan: {fmt_bytes(measured)} "
+                   f"(predicted {fmt_bytes(predicted)}, {predicted / measured - 1:+.1%}; "
+                   f"{len(self.verified or {})} plan(s) compiled)")
     for s in self.scans:
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "

@@ -12,6 +12,10 @@ from jaxremat._model.chain import Plan
 
 #: Whole-step compiles ``verify`` makes at most to pick a plan (the chosen plan included).
 MAX_COMPILES = 6
+#: Extra compiles ``confirm_plan`` makes when XLA misses the prediction.
+CONFIRM_EXTRA = 3
+#: A measured footprint further than this fraction from the prediction is a miss.
+CONFIRM_TOLERANCE = 0.03
 #: Candidates predicted more than this fraction above the least prediction are not compiled.
 PRUNE_ABOVE = 0.10
 _SAME_FOOTPRINT = 0.001  # relative: XLA footprints this close are one figure
@@ -45,10 +49,25 @@ def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES) -> list[P
   return [plan, *(found[c] for c in ranked[:limit - 1])]
 
 
-def verify_plan(planner: Planner, plan: Plan,
-                measured_bytes: Callable[[Plan], int]) -> tuple[Plan, Measured]:
-  """Compiles ``shortlist(planner, plan)`` and keeps the plan XLA measures smallest."""
-  measured = {p.checkpoints: measured_bytes(p) for p in shortlist(planner, plan)}
+def confirm_plan(planner: Planner, plan: Plan,
+                 measured_bytes: Callable[[Plan], int]) -> tuple[Plan, Measured]:
+  """Compiles ``plan``; when XLA's footprint is more than ``CONFIRM_TOLERANCE`` from the
+  prediction, also the ``CONFIRM_EXTRA`` leading candidates, and keeps XLA's least."""
+  measured = measured_bytes(plan)
+  if abs(measured - planner.total_bytes(plan)) <= CONFIRM_TOLERANCE * measured:
+    return plan, {plan.checkpoints: measured}
+  return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
+                     known={plan.checkpoints: measured})
+
+
+def verify_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], int],
+                limit: int = MAX_COMPILES, known: Measured | None = None) -> tuple[Plan, Measured]:
+  """Compiles ``shortlist(planner, plan, limit)`` (less what ``known`` holds) and keeps the
+  plan XLA measures smallest."""
+  measured = dict(known or {})
+  for p in shortlist(planner, plan, limit):
+    if p.checkpoints not in measured:
+      measured[p.checkpoints] = measured_bytes(p)
   best = least_measured(measured, lambda c: planner.recompute_flops(Plan(c)))
   if best == plan.checkpoints:
     return plan, measured
