@@ -1,11 +1,11 @@
 """Planning time: how long ``jaxremat.apply`` takes on large models, stage by stage.
 
     PYTHONPATH=. python bench/planning_time.py [--out bench/results/planning-time/planning-time.json]
-        [--only gpt-96,resnet152-224,chain-1000,chain-10000] [--verify]
+        [--only gpt-96,resnet152-224,chain-1000,chain-10000] [--confirm]
 
 Every model is planned from abstract inputs (``jax.eval_shape`` of its init: nothing is
 allocated). For each it records ``Remat.stage_seconds`` (trace, profile, solve, emit and,
-with ``--verify``, the compiles), the wall time of the whole call, the layer count and
+with ``--confirm``, apply's default compile of the chosen plan), the wall time of the whole call, the layer count and
 the slowest stage. Writes JSON and a markdown table beside it.
 """
 
@@ -58,11 +58,11 @@ MODELS = {
 }
 
 
-def run(name: str, verify: bool) -> dict:
+def run(name: str, confirm: bool) -> dict:
   model, x, kwargs = MODELS[name]()
   params = jax.eval_shape(model.init, jax.random.key(0), x)
   start = time.perf_counter()
-  r = jaxremat.apply(model.apply, params, x, verify=verify, **kwargs)
+  r = jaxremat.apply(model.apply, params, x, verify=None if confirm else False, **kwargs)
   total = time.perf_counter() - start
   stages = {k: round(v, 3) for k, v in r.stage_seconds.items()}
   planning = {k: v for k, v in stages.items() if k != "compile"}
@@ -89,7 +89,8 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="bench/results/planning-time/planning-time.json")
   parser.add_argument("--only", help="comma-separated subset of: " + ", ".join(MODELS))
-  parser.add_argument("--verify", action="store_true", help="apply(verify=True): compiles too")
+  parser.add_argument("--confirm", action="store_true",
+                      help="apply's default: compile the chosen plan (else verify=False)")
   args = parser.parse_args()
   names = args.only.split(",") if args.only else list(MODELS)
   meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -98,7 +99,7 @@ def main() -> int:
           "cpus": os.cpu_count(), "backend": jax.default_backend()}
   rows = []
   for name in names:
-    rows.append(run(name, args.verify))
+    rows.append(run(name, args.confirm))
     print(json.dumps(rows[-1]), flush=True)
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
