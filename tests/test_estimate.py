@@ -11,7 +11,7 @@ from jaxremat import zoo
 from jaxremat._model.chain import Chain, Plan
 from jaxremat._backends.estimate import _hosted, estimate_temp_bytes
 from jaxremat._backends.profile import Buffers
-from jaxremat._backends.cpu import StartBuffers
+from jaxremat._backends.buffers import CpuBuffers, StartBuffers
 from jaxremat.solvers import uniform_plan
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
@@ -82,9 +82,9 @@ def test_a_larger_input_cotangent_is_written_after_the_layers_residuals_are_read
   chain = Chain(act_bytes=[0, 40, 10, 5], res_bytes=[100, 340, 1], cot_bytes=[0, 40, 10, 5],
                 workspace_bytes=[0, 100, 0])
   buffers = Buffers(residuals=((100,), (300,), (1,)), inputs=((), (40,), ()),
-                    param_grads=((), (), ()), late_cotangent=(False, True, False))
+                    param_grads=((), (), ()), cpu=CpuBuffers(late_cotangent=(False, True, False)))
   assert estimate_temp_bytes(chain, buffers, Plan(())) == 550
-  one_step = dataclasses.replace(buffers, late_cotangent=())
+  one_step = dataclasses.replace(buffers, cpu=CpuBuffers(late_cotangent=()))
   assert estimate_temp_bytes(chain, one_step, Plan(())) == 590
 
 
@@ -100,7 +100,7 @@ def test_a_resnet_with_downsampling_blocks_is_estimated_within_3_percent_of_xla(
   r = jaxremat.apply(model.apply, params, x, plan=Plan(checkpoints), **kwargs)
   # The stride-2 blocks (larger input than output cotangent) write g_{i-1} last.
   downsampling = [r.chain.cot_bytes[i - 1] > r.chain.cot_bytes[i] for i in range(1, r.chain.n + 1)]
-  assert r._planner.buffers.late_cotangent == tuple(downsampling) and any(downsampling)
+  assert r._planner.buffers.cpu.late_cotangent == tuple(downsampling) and any(downsampling)
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b, **kwargs)[0])),
                               params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.03, (r.predicted_total_bytes, measured)
@@ -115,18 +115,19 @@ def test_the_final_segment_holds_the_operands_its_input_is_recomputed_from():
   plain = Buffers(residuals=((100,), (100,), (100,)), inputs=((), (), ()),
                   param_grads=((), (), ()))
   assert estimate_temp_bytes(chain, plain, Plan((1,))) == 260
-  kept = dataclasses.replace(plain, operands=((500,), (), ()),
-                             operands_read_input=(False, False, False))
+  kept = dataclasses.replace(plain, cpu=CpuBuffers(operands=((500,), (), ()),
+                                                  operands_read_input=(False, False, False)))
   assert estimate_temp_bytes(chain, kept, Plan((1,))) == 760
   # Plan (2,): the forward at layer 3 holds x_2 + 100 + x_3 = 150, below the recompute
   # of layers 1..2 (their residuals 200 + x_1 + g_2 = 212), until layer 2's operands
   # (500) count: 650. When x_2's tail reads x_1 and 1 is no checkpoint, x_1 is
   # recomputed the same way, from layer 1's operands (700): 1350.
-  chained = dataclasses.replace(plain, operands=((700,), (500,), ()),
-                                operands_read_input=(False, False, False))
+  chained = dataclasses.replace(plain, cpu=CpuBuffers(operands=((700,), (500,), ()),
+                                                     operands_read_input=(False, False, False)))
   assert estimate_temp_bytes(chain, plain, Plan((2,))) == 212
   assert estimate_temp_bytes(chain, chained, Plan((2,))) == 650
-  chained = dataclasses.replace(chained, operands_read_input=(False, True, False))
+  chained = dataclasses.replace(chained, cpu=dataclasses.replace(
+      chained.cpu, operands_read_input=(False, True, False)))
   assert estimate_temp_bytes(chain, chained, Plan((2,))) == 1350
   assert estimate_temp_bytes(chain, chained, Plan((1, 2))) == 660  # x_1 is held (10)
 
@@ -141,7 +142,8 @@ def test_a_resnet_whose_final_segment_starts_after_a_projection_block_is_near_xl
   params = jax.jit(model.init)(jax.random.key(0), x)
   kwargs = {"mutable": ["batch_stats"]}
   r = jaxremat.apply(model.apply, params, x, plan=Plan((3, 4, 5, 6)), **kwargs)
-  assert len(r._planner.buffers.operands[5]) >= 2 and not r._planner.buffers.operands_read_input[5]
+  cpu = r._planner.buffers.cpu
+  assert len(cpu.operands[5]) >= 2 and not cpu.operands_read_input[5]
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b, **kwargs)[0])),
                               params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.03, (r.predicted_total_bytes, measured)

@@ -10,7 +10,7 @@ import pytest
 import jaxremat
 from jaxremat._backends import profile as _profile
 from jaxremat._jaxpr.trace import trace
-from jaxremat._backends.cpu import library_fusions
+from jaxremat._backends.cpu_fusions import library_fusions
 from jaxremat.solvers import uniform_plan
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set

@@ -14,7 +14,9 @@ import jaxremat
 from jaxremat._model.chain import Chain, Plan
 from jaxremat._backends.estimate import estimate_temp_bytes
 from jaxremat._backends.profile import Buffers
-from jaxremat._backends.cpu import StartBuffers, operands_kept, reads_input_in_fusions, swaps_operands
+from jaxremat._backends.buffers import CpuBuffers, StartBuffers
+from jaxremat._backends.cpu_fusions import operands_kept, reads_input_in_fusions
+from jaxremat._backends.cpu_start import swaps_operands
 from jaxremat.solvers import uniform_plan
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
@@ -52,7 +54,7 @@ def test_a_pool_layer_holds_zeros_and_one_iota_per_dimension(pooled_cnn):
     assert s.indices == ((shape, 4 * 4 * math.prod(shape)),)  # 4 s32 iotas
   # A pool's input cotangent is larger than its output's, but it is the scatter target
   # allocated before the backward: not written last.
-  late = dict(zip(r.chain.names, r._planner.buffers.late_cotangent))
+  late = dict(zip(r.chain.names, r._planner.buffers.cpu.late_cotangent))
   assert not any(flag for name, flag in late.items() if "reduce_window_max" in name)
 
 
@@ -87,7 +89,7 @@ def _toy(start):
 
 def test_estimate_walks_start_buffers_through_forward_and_backward():
   """Layer 2 pools: zeros Z = 1000 until its backward, an iota I = 5000 until its last
-  forward computation. Expected peaks worked out by hand from the rules in _xla_cpu."""
+  forward computation. Expected peaks worked out by hand from the rules in cpu_start."""
   start = (StartBuffers(), StartBuffers(1000, (), (((8,), 5000),)), StartBuffers())
   chain, buffers = _toy(start)
   # No remat: the iota dies in layer 2's forward. Forward at layer 2: residuals of
@@ -318,11 +320,11 @@ def test_the_last_layer_holds_the_output_and_a_loss_gradient_copy_per_reader():
   out = 8 * 128 * 512 * 4  # f32 logits, read by the loss
   # g_n is read as it is by the bias gradient's sum, flattened to 2-D by the input
   # gradient's matmul and relaid by the kernel gradient's (w_n): one copy beyond g_n.
-  assert r._planner.buffers.loss == (out, out)
+  assert r._planner.buffers.cpu.loss == (out, out)
   # Over one batch axis all three read it as it is: no copy beyond g_n.
   flat_x = x.reshape(-1, 32)
   flat = jaxremat.apply(model.apply, model.init(jax.random.key(0), flat_x), flat_x)
-  assert flat._planner.buffers.loss == (out, 0)
+  assert flat._planner.buffers.cpu.loss == (out, 0)
 
 
 @cpu_only
@@ -338,12 +340,13 @@ def test_prediction_of_a_wide_output_layer_is_near_xla(checkpoints):
 
 def test_estimate_holds_the_output_and_the_loss_copies_where_the_last_backward_starts():
   chain, buffers = _toy((StartBuffers(), StartBuffers(), StartBuffers()))
-  buffers = dataclasses.replace(buffers, loss=(30, 3000))
+  buffers = dataclasses.replace(buffers, cpu=CpuBuffers(loss=(30, 3000)))
   # No remat: layer 3's backward starts with the loss writing g_3 from x_3: 300
   # residuals + x_3 (30) + g_3 (3) + 3000 copies of g_3 = 3333 (then 300 + g_3 + g_2);
   # without the rule the forward at layer 3 (300 + x_2 20 + x_3 30 = 350) is the peak.
   assert estimate_temp_bytes(chain, buffers, Plan(())) == 3333
-  assert estimate_temp_bytes(chain, dataclasses.replace(buffers, loss=()), Plan(())) == 350
+  without = dataclasses.replace(buffers, cpu=CpuBuffers(loss=()))
+  assert estimate_temp_bytes(chain, without, Plan(())) == 350
 
 
 def _conv(x, w):

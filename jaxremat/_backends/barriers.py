@@ -7,23 +7,19 @@ import contextvars
 import os
 from collections.abc import Iterator, Mapping
 
-import jax
-
-#: The XLA pass that, on CPU, turns the optimization barriers of ``jax.checkpoint`` into
-#: plain values, after which common-subexpression elimination merges the recomputation
-#: back into the forward pass: remat silently does nothing.
-BARRIER_PASS = "cse_barrier_expander"
+from jaxremat._backends.registry import backend_for
 
 _KEPT: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxremat_barriers_kept", default=False)
 
 
 def barrier_options(options: Mapping[str, str | bool] | None = None,
                     platform: str | None = None) -> dict[str, str | bool]:
-  """``options`` with, on CPU, ``BARRIER_PASS`` added to ``xla_disable_hlo_passes``."""
+  """``options`` with the backend's own options for remat added (on CPU, its barrier pass
+  joins ``xla_disable_hlo_passes``; comma-separated lists are merged)."""
   merged: dict[str, str | bool] = dict(options or {})
-  if (platform or jax.default_backend()) == "cpu":
-    present = [p for p in str(merged.get("xla_disable_hlo_passes", "")).split(",") if p]
-    merged["xla_disable_hlo_passes"] = ",".join(dict.fromkeys([*present, BARRIER_PASS]))
+  for key, value in backend_for(platform).compiler_options().items():
+    present = [p for p in str(merged.get(key, "")).split(",") if p]
+    merged[key] = ",".join(dict.fromkeys([*present, str(value)]))
   return merged
 
 
@@ -38,8 +34,11 @@ def keeping_barriers() -> Iterator[None]:
 
 
 def barriers_kept(platform: str | None = None) -> bool:
-  """False when a CPU compile of what is being traced may drop the barriers: not inside
-  ``keeping_barriers`` and no process-wide ``XLA_FLAGS`` disabling ``BARRIER_PASS``."""
-  if (platform or jax.default_backend()) != "cpu" or _KEPT.get():
+  """False when a compile of what is being traced may drop the barriers: the backend
+  needs options for remat, this is not inside ``keeping_barriers``, and the process-wide
+  ``XLA_FLAGS`` does not disable the passes those options disable."""
+  needed = backend_for(platform).compiler_options().get("xla_disable_hlo_passes")
+  if not needed or _KEPT.get():
     return True
-  return BARRIER_PASS in os.environ.get("XLA_FLAGS", "")
+  flags = os.environ.get("XLA_FLAGS", "")
+  return all(p in flags for p in str(needed).split(","))

@@ -7,8 +7,9 @@ import bisect
 import itertools
 from collections.abc import Hashable
 
-from jaxremat._model.chain import Chain, Plan
+from jaxremat._backends.buffers import CpuBuffers
 from jaxremat._backends.profile import Buffers
+from jaxremat._model.chain import Chain, Plan
 
 Key = tuple[Hashable, ...]  # a buffer's identity: its kind ("x", "g", "start", ...) first
 Live = list[tuple[int, Key]]  # (bytes, identity) of each buffer live at one step
@@ -25,14 +26,14 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   of layers ``l+1..i``, the cotangents ``g_i``, ``g_{i-1}`` and the workspace ``w_i``
   are live; the forward pass and each recompute hold what ``_forward_steps`` and
   ``_recompute_steps`` say. Buffers XLA allocates before a layer's backward
-  (``buffers.start``: on CPU when the step starts, ``_xla_cpu``; on GPU max-pools'
-  scatter targets, ``_xla_gpu``) are added where they are live. An elementwise layer
+  (``buffers.start``: on CPU when the step starts, ``cpu_start``; on GPU max-pools'
+  scatter targets, ``gpu``) are added where they are live. An elementwise layer
   (``buffers.elementwise``) writes ``g_{i-1}`` over ``g_i``: its step counts the larger.
-  A layer that writes ``g_{i-1}`` last (``buffers.late_cotangent``) has a backward of
-  two steps: its residuals with ``g_i`` and ``w_i``, then its saved inputs with both
-  cotangents and ``w_i``. The last layer's backward starts with a step where the loss
-  writes ``g_n`` from ``x_n``: its residuals, ``buffers.loss`` (``x_n`` and the copies
-  of ``g_n`` beyond ``g_n``), ``g_n`` and ``w_n``.
+  On CPU (``buffers.cpu``), a layer that writes ``g_{i-1}`` last (``late_cotangent``)
+  has a backward of two steps: its residuals with ``g_i`` and ``w_i``, then its saved
+  inputs with both cotangents and ``w_i``; and the last layer's backward starts with a
+  step where the loss writes ``g_n`` from ``x_n``: its residuals, ``loss`` (``x_n`` and
+  the copies of ``g_n`` beyond ``g_n``), ``g_n`` and ``w_n``.
 
   XLA's buffer assignment then places buffers in the output buffers of parameter
   gradients (``_hosted``): over the whole step, largest first, each in the smallest
@@ -43,7 +44,8 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
   n = chain.n
   segments = plan.segments(n)
   start = _StartBuffers(buffers, segments, n)
-  operands = _operands_kept(buffers, segments)
+  cpu = buffers.cpu or CpuBuffers()  # its empty fields add nothing
+  operands = _operands_kept(cpu, segments)
   steps: list[Live] = [*_forward_steps(chain, buffers, segments, start, operands)]
   written: dict[int, int] = {}  # layer -> the step its parameter gradients are written
   for index in range(len(segments) - 1, -1, -1):
@@ -67,11 +69,11 @@ def estimate_temp_bytes(chain: Chain, buffers: Buffers, plan: Plan) -> int:
       else:
         cotangents = [(chain.cot_bytes[i], ("g", i)), (chain.cot_bytes[i - 1], ("g", i - 1))]
       work = (chain.workspace_bytes[i - 1], ("w", i))
-      if i == n and buffers.loss:  # the loss's gradient, written from x_n for this backward
-        steps.append([*held, *saved, (buffers.loss[0], ("x", n, _FORWARD)), cotangents[0],
-                      (buffers.loss[1], ("loss", n)), work, *start.backward(i, l)])
+      if i == n and cpu.loss:  # the loss's gradient, written from x_n for this backward
+        steps.append([*held, *saved, (cpu.loss[0], ("x", n, _FORWARD)), cotangents[0],
+                      (cpu.loss[1], ("loss", n)), work, *start.backward(i, l)])
       written[i] = len(steps)
-      if not elementwise and buffers.late_cotangent and buffers.late_cotangent[i - 1]:
+      if not elementwise and cpu.late_cotangent and cpu.late_cotangent[i - 1]:
         # g_{i-1} is written once the layer's own residuals are read: two steps.
         earlier = ends[i - 1] if i - 1 > l else 0  # saved[earlier:] is layer i's own
         inputs = [b for b in saved[earlier:] if b[1][0] == "x"]
@@ -93,8 +95,8 @@ def _saved(buffers: Buffers, l: int, i: int, phase: Hashable) -> Live:
   return saved
 
 
-def _operands_kept(buffers: Buffers, segments) -> list[tuple[int, Key, int]]:
-  """The operands XLA keeps (``buffers.operands``) to recompute the final segment's
+def _operands_kept(cpu: CpuBuffers, segments) -> list[tuple[int, Key, int]]:
+  """The operands XLA's CPU backend keeps (``cpu.operands``) to recompute the final segment's
   input ``x_l`` in its first layer's fusions, as ``(bytes, identity, layer computing
   it)``: layer ``l``'s, and, while that tail reads its input ``x_{j-1}`` and ``j - 1``
   is no checkpoint, layer ``j - 1``'s too (``x_{j-1}`` is recomputed the same way)."""
@@ -102,9 +104,9 @@ def _operands_kept(buffers: Buffers, segments) -> list[tuple[int, Key, int]]:
   checkpoints = {c for c, _ in segments}
   kept: list[tuple[int, Key, int]] = []
   j = l
-  while j > 0 and buffers.operands and buffers.operands[j - 1]:
-    kept += [(size, ("operand", j, m), j) for m, size in enumerate(buffers.operands[j - 1])]
-    if not buffers.operands_read_input[j - 1] or j - 1 in checkpoints:
+  while j > 0 and cpu.operands and cpu.operands[j - 1]:
+    kept += [(size, ("operand", j, m), j) for m, size in enumerate(cpu.operands[j - 1])]
+    if not cpu.operands_read_input[j - 1] or j - 1 in checkpoints:
       break
     j -= 1
   return kept
@@ -181,7 +183,7 @@ def _recompute_steps(chain: Chain, buffers: Buffers, l: int, r: int, held: Live,
 
 
 class _StartBuffers:
-  """The start buffers (``_xla_cpu.StartBuffers`` per layer) live at each step of a plan."""
+  """The start buffers (``buffers.StartBuffers`` per layer) live at each step of a plan."""
 
   def __init__(self, buffers: Buffers, segments: list[tuple[int, int]], n: int):
     start = buffers.start or ()

@@ -1,4 +1,4 @@
-"""What XLA's GPU backend keeps for a backward pass, where it differs from the jaxpr.
+"""XLA's GPU backend: what it keeps for a backward pass, where it differs from the jaxpr.
 
 XLA's GPU fusion writes to memory only the values a fusion must hand on: outputs of
 library calls and reductions (matmuls, convolutions, sums), values a library call
@@ -22,7 +22,16 @@ to −3.9% (``bench/gpu_offline.py``).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+
+from jaxremat._backends.buffers import BackendBuffers, StartBuffers
 from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr.layer_vjp import forward_and_backward
+from jaxremat._jaxpr.residuals import KeepRule
+from jaxremat._jaxpr.trace import Layer
 
 #: Primitives XLA fuses into their consumer on GPU: those it fuses on every backend and
 #: a few more the CPU model does not count on.
@@ -127,3 +136,54 @@ def pool_buffers(step_jaxpr) -> tuple[int, int]:
       zeros += _compat.aval_bytes(operand)
       indices += len(operand.shape) * int(pooled.size) * _compat.INDEX_BYTES
   return zeros, indices
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuLayer:
+  """What XLA's GPU backend adds to one layer's backward (bytes).
+
+  Attributes:
+    workspace: the largest intermediate it writes (``backward_workspace_bytes``).
+    pool_zeros: its max-pools' zero-filled scatter targets (``pool_buffers``).
+    pool_indices: its max-pools' argmax indices (``pool_buffers``).
+  """
+
+  workspace: int
+  pool_zeros: int
+  pool_indices: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuBackend:
+  """XLA's GPU backend: its fusion keeps only written values; workspace and pools added."""
+
+  name: str = "gpu"
+
+  def compiler_options(self) -> dict[str, str | bool]:
+    """None needed: XLA's GPU pipeline keeps remat's barriers."""
+    return {}
+
+  def layer_extras(self, layer: Layer, inputs, grad_invariants,
+                   differentiate_inputs: bool) -> GpuLayer:
+    """The layer backward's workspace and its max-pools' buffers."""
+    step, args, cts = forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
+    closed = jax.make_jaxpr(step)(args, cts)
+    n_cts = len(jax.tree_util.tree_leaves(cts))
+    invars = closed.jaxpr.invars
+    zeros, indices = pool_buffers(closed)
+    return GpuLayer(workspace=backward_workspace_bytes(closed, invars[len(invars) - n_cts:]),
+                    pool_zeros=zeros, pool_indices=indices)
+
+  def keep_rule(self, extras: GpuLayer | None = None) -> KeepRule:
+    """``kept_values``: the written values."""
+    return kept_values
+
+  def extra_residuals(self, extras: GpuLayer) -> tuple[int, ...]:
+    """None (bytes)."""
+    return ()
+
+  def chain_buffers(self, extras: Sequence[GpuLayer], cot_bytes: Sequence[int]) -> BackendBuffers:
+    """The pools' zeros as start buffers; workspace and argmax indices as workspace."""
+    return BackendBuffers(
+        start=tuple(StartBuffers(until_backward=layer.pool_zeros) for layer in extras),
+        workspace=tuple(layer.workspace + layer.pool_indices for layer in extras))

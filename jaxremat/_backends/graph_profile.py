@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from jaxremat._backends.profile import backward_temp_bytes
+from jaxremat._backends.registry import backend_for
 from jaxremat._jaxpr import compat as _compat
-from jaxremat._model.graph import GraphChain
-from jaxremat._backends.profile import _backward_temp_bytes, _flops, _residuals
+from jaxremat._jaxpr.layer_vjp import flops as layer_flops
+from jaxremat._jaxpr.residuals import residuals
 from jaxremat._jaxpr.trace import TracedChain
+from jaxremat._model.graph import GraphChain
 
 
 def profile_graph(traced: TracedChain, calibrate: bool = False) -> GraphChain:
@@ -50,16 +53,18 @@ def profile_graph(traced: TracedChain, calibrate: bool = False) -> GraphChain:
   for layer in layers:
     for v in layer.side_outputs:
       last[index[v]] = n + 1  # read by the loss, after the last layer
+  keep = backend_for().keep_rule()  # as XLA keeps them on JAX's default backend
   saved, private, flops, work = [], [], [], []
   for layer in layers:
-    res = _residuals(layer, layer.inputs, grad_invariants, differentiate_inputs=True)
+    res = residuals(layer, layer.inputs, grad_invariants, differentiate_inputs=True, keep=keep)
     values = res.own_input_vars | res.own_output_vars
     saved.append(sorted(index[v] for v in values))
     private.append(res.total - res.own_input - sum(size[index[v]] for v in res.own_output_vars))
-    flops.append(_flops(layer, layer.inputs))
+    flops.append(layer_flops(layer, layer.inputs))
     if calibrate:
-      temp = _backward_temp_bytes(layer, layer.inputs, grad_invariants, differentiate_inputs=True)
+      temp = backward_temp_bytes(layer, layer.inputs, grad_invariants, differentiate_inputs=True)
       work.append(max(0, temp - (res.total - res.own_input)))
   return GraphChain(
       value_bytes=size, value_cot_bytes=cot, defined=made, last_use=last, saved=saved,
-      res_bytes=private, workspace_bytes=work if calibrate else None, flops=flops, names=[layer.name for layer in layers])
+      res_bytes=private, workspace_bytes=work if calibrate else None, flops=flops,
+      names=[layer.name for layer in layers])

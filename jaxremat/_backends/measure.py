@@ -8,12 +8,9 @@ from typing import Any
 
 import jax
 
-from jaxremat._backends.barriers import keeping_barriers
+from jaxremat._backends.barriers import barrier_options, keeping_barriers
+from jaxremat._backends.registry import backend_for
 from jaxremat._errors import InvalidArgumentError, UnsupportedModelError
-
-#: XLA's CPU pipeline expands jax.checkpoint's optimization barriers and then CSE merges
-#: the recomputation back into the forward pass; disabling the expander keeps remat real.
-CPU_COMPILER_OPTIONS: Mapping[str, str] = {"xla_disable_hlo_passes": "cse_barrier_expander"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,15 +35,14 @@ class Footprint:
   @property
   def barriers_kept(self) -> bool:
     """False on CPU when the barrier expander ran (remat would be silently undone)."""
-    if self.backend != "cpu":
-      return True
-    return "cse_barrier_expander" in str(self.compiler_options.get("xla_disable_hlo_passes", ""))
+    needed = backend_for(self.backend).compiler_options()
+    return all(str(value) in str(self.compiler_options.get(key, ""))
+               for key, value in needed.items())
 
 
 def default_compiler_options(backend: str | None = None) -> dict[str, str | bool]:
   """The options under which remat is real on ``backend`` (CPU: keep the barriers)."""
-  backend = backend or jax.default_backend()
-  return dict(CPU_COMPILER_OPTIONS) if backend == "cpu" else {}
+  return backend_for(backend).compiler_options()
 
 
 def memory_stats(compiled: Any) -> Any:
@@ -68,10 +64,7 @@ def compile_footprint(
   ``xla_disable_hlo_passes``), so that ``jax.checkpoint`` is not undone.
   """
   backend = jax.default_backend()
-  options: dict[str, str | bool] = dict(compiler_options or {})
-  for key, value in default_compiler_options(backend).items():
-    present = [p for p in str(options.get(key, "")).split(",") if p]
-    options[key] = ",".join(dict.fromkeys([*present, str(value)]))
+  options = barrier_options(compiler_options, backend)
   with keeping_barriers():  # traced for a compile that keeps them
     lowered = jax.jit(fn).lower(*args)
   compiled = lowered.compile(compiler_options=options or None)

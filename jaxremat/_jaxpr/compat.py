@@ -144,6 +144,23 @@ def inlined_eqns(jaxpr: jex_core.Jaxpr) -> tuple[list[tuple[str, list, list, dic
   return out, rename
 
 
+def dataflow(eqns: Sequence[tuple[str, list, list, dict]]) -> tuple[dict, dict]:
+  """For ``inlined_eqns`` equations: the index of the equation producing each value, and
+  the indices of those reading it."""
+  producer: dict[Any, int] = {}
+  consumers: dict[Any, list[int]] = {}
+  for k, (_, ins, outs, _) in enumerate(eqns):
+    producer.update((v, k) for v in outs)
+    for v in non_literals(ins):
+      consumers.setdefault(v, []).append(k)
+  return producer, consumers
+
+
+def non_literals(atoms: Iterable) -> list:
+  """The vars among ``atoms`` (literals left out)."""
+  return [v for v in atoms if not isinstance(v, Literal)]
+
+
 def effects_of(eqns: Sequence[JaxprEqn]) -> frozenset:
   out: set = set()
   for eqn in eqns:

@@ -22,10 +22,12 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jex_core
 
-from jaxremat._jaxpr import compat as _compat
-from jaxremat._model.chain import Chain, Plan, peak_bytes
 from jaxremat._errors import UnsupportedScanError
+from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr.layer_vjp import flops as layer_flops
+from jaxremat._jaxpr.residuals import residuals
 from jaxremat._jaxpr.trace import Layer, TracedChain
+from jaxremat._model.chain import Chain, Plan, peak_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,8 +172,6 @@ def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
   are inputs), ``e`` the part of ``b`` that is the iteration's own input carry, ``f``
   its FLOPs.
   """
-  from jaxremat._backends import profile as _profile  # it imports measure; keep this module light
-
   body = eqn.params["jaxpr"]
   if body.consts:
     raise UnsupportedScanError("a scan body with closed-over constants is not supported.")
@@ -182,10 +182,10 @@ def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
   outs = tuple(v for v in jaxpr.outvars if not isinstance(v, _compat.Literal))
   layer = Layer(name, tuple(jaxpr.eqns), carry_in, invariants, outs[:ncarry], outs[ncarry:])
   grads = {v for v in invariants if _compat.is_float(v.aval)}
-  res = _profile._residuals(layer, carry_in, grads, differentiate_inputs=True, fused=False)
+  res = residuals(layer, carry_in, grads, differentiate_inputs=True)  # unfused: stacked outputs
   act = sum(_compat.aval_bytes(v.aval) for v in carry_in)
   cot = sum(_compat.aval_bytes(v.aval) for v in carry_in if _compat.is_float(v.aval))
-  flops = _profile._flops(layer, carry_in)
+  flops = layer_flops(layer, carry_in)
   return Chain([act] * (n + 1), [res.total] * n, cot_bytes=[cot] * (n + 1),
                input_res_bytes=[res.own_input] * n, flops=[flops] * n,
                names=[f"{name}[{i}]" for i in range(n)])

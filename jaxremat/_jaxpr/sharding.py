@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from jaxremat._jaxpr import compat as _compat
-from jaxremat._backends import profile as _profile
-from jaxremat._model.chain import Chain
-from jaxremat._backends.profile import Profile
+from jaxremat._jaxpr.layer_vjp import differentiable
 from jaxremat._jaxpr.trace import TracedChain
+from jaxremat._model.chain import Chain
+
+if TYPE_CHECKING:  # the backends' profile, which this layer scales but does not make
+  from jaxremat._backends.profile import Profile
 
 
 def is_sharded(tree: Any) -> bool:
@@ -58,24 +60,7 @@ def per_device_profile(traced: TracedChain, prof: Profile, flat_inputs: Sequence
     mine = [v for v in layer.invariants if v in leaf and v not in seen and _compat.is_float(v.aval)]
     seen.update(mine)
     grads.append(tuple(device_bytes(leaf[v]) for v in mine))
-  buffers = dataclasses.replace(prof.buffers,  # the per-layer flags as they are
-      loss=tuple(scale(b, act_f[n]) for b in prof.buffers.loss),  # the output and g_n's copies
-      residuals=tuple(tuple(scale(b, res_f[i]) for b in r)
-                      for i, r in enumerate(prof.buffers.residuals)),
-      operands=tuple(tuple(scale(b, res_f[i]) for b in r)  # values computed inside layer i
-                     for i, r in enumerate(prof.buffers.operands)),
-      inputs=tuple(tuple(scale(b, act_f[i]) for b in r) for i, r in enumerate(prof.buffers.inputs)),
-      param_grads=tuple(grads),
-      start=tuple(  # start buffers: the pooled operands shard as the layer's residuals
-          dataclasses.replace(st, until_backward=scale(st.until_backward, res_f[i]),
-                              indices=tuple((shape, scale(b, res_f[i])) for shape, b in st.indices),
-                              window_constants=tuple((key, scale(b, res_f[i]))
-                                                     for key, b in st.window_constants),
-                              pooled_operands=scale(st.pooled_operands, res_f[i]),
-                              argmax_values=scale(st.argmax_values, res_f[i]),
-                              relaid_inputs=scale(st.relaid_inputs, act_f[i]),
-                              batch_copy=scale(st.batch_copy, act_f[i]))
-          for i, st in enumerate(prof.buffers.start)))
+  buffers = prof.buffers.per_device(act_f, res_f, tuple(grads))
   chain = Chain(act, res, cot_bytes=cot, input_res_bytes=own, workspace_bytes=work,
                 flops=chain.flops, names=chain.names)
   return dataclasses.replace(prof, chain=chain, buffers=buffers)
@@ -92,7 +77,7 @@ def fractions(traced: TracedChain, flat_inputs: Sequence[Any]) -> tuple[list[flo
   outs = [list(layer.outputs) for layer in layers[:-1]] + [list(layers[-1].side_outputs)]
   base = [*traced.input_vars, *traced.const_vars]
   prelude = _compat.sub_function(traced.prelude, base, traced.prelude_outputs)
-  vjps = [_profile._differentiable(layer, first if i == 0 else layer.inputs, grad_invariants, i > 0)
+  vjps = [differentiable(layer, first if i == 0 else layer.inputs, grad_invariants, i > 0)
           for i, layer in enumerate(layers)]
 
   def forward(*args):
