@@ -173,8 +173,10 @@ def apply(
       least feasible footprint when no plan fits. A float is rounded down; ``inf``
       means no budget.
     plan: use these checkpoints instead of solving.
-    layer_depth: name-stack depth that defines a layer (default: the root module's
-      children).
+    layer_depth: name-stack depth that defines a layer, exactly (1: the root module's
+      children, 2: theirs). Default: the root module's children, each split into its own
+      children where it makes a large share of the activation bytes and the layers stay
+      a chain (the blocks inside an ``Encoder``); ``Remat.traced.decomposition`` says why.
     refine: for ``method="optimal"``, improve the model-R optimum by local search on
       the XLA-aware estimate (``predict_total_bytes``), which knows that XLA can place
       activations in gradient buffers not yet written.
