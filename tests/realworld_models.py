@@ -10,7 +10,8 @@ and an nnx MiniGPT whose blocks sit in an ``nnx.Sequential`` or in a child holdi
 block the framework's way (``nn.remat``, ``nnx.remat``), with the same variables.
 
 ``build(name, size)`` returns a ``Case``: the model, its batch, how to call it, and the
-names of its blocks as the layers jaxremat should find.
+names of its blocks as the layers jaxremat should find; ``apply`` and ``footprint`` run
+jaxremat and XLA on it the same way for linen and nnx.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+import jaxremat
 
 # ------------------------------------------------------------------ linen: ViT
 
@@ -493,3 +496,37 @@ def init(case: Case, remat: bool = False) -> tuple[Any, Any]:
   rngs = {"params": jax.random.key(0, impl="rbg"), **case.kwargs.get("rngs", {})}
   kwargs = {k: v for k, v in case.kwargs.items() if k not in ("rngs", "mutable")}
   return model, jax.jit(functools.partial(model.init, **kwargs))(rngs, case.batch)
+
+
+def apply(case: Case, model: Any, variables: Any, **options: Any) -> Any:
+  """``jaxremat.apply`` (linen, with the case's call kwargs) or ``apply_nnx`` of the model."""
+  if case.nnx:
+    return jaxremat.apply_nnx(model, case.batch, **options)
+  return jaxremat.apply(model.apply, variables, case.batch, **case.kwargs, **options)
+
+
+def plain_call(case: Case, model: Any) -> Callable[..., Any]:
+  """The model's own call in the form of ``Remat.fn``."""
+  return (lambda m, x: m(x)) if case.nnx else model.apply
+
+
+def loss(case: Case, fn: Callable[..., Any]) -> Callable[[Any, Any], jax.Array]:
+  """A linen model's loss ``loss(variables, batch)``: a mean square of its prediction."""
+  def mean_square(variables: Any, x: jax.Array) -> jax.Array:
+    out = fn(variables, x, **case.kwargs)
+    return jnp.mean(jnp.square(out[0] if "mutable" in case.kwargs else out))
+  return mean_square
+
+
+def footprint(case: Case, fn: Callable[..., Any], model: Any, variables: Any) -> int:
+  """XLA's footprint of the gradient step of ``fn`` (bytes): ``jaxremat.measure`` of the
+  loss; for nnx, of ``nnx.grad`` of the loss on the merged model (nnx.remat and Dropout's
+  rng counts fail under ``jax.grad`` of a merged model: TraceContextError)."""
+  if not case.nnx:
+    return jaxremat.measure(loss(case, fn), variables, case.batch).total_bytes
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def step(params: Any, rest: Any, x: jax.Array) -> Any:
+    mean_square = lambda m: jnp.mean(jnp.square(fn(m, x)))
+    return nnx.grad(mean_square)(nnx.merge(graphdef, params, rest))
+  return jaxremat.compile_footprint(step, params, rest, case.batch).total_bytes

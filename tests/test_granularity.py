@@ -23,39 +23,7 @@ def _setup(name: str):
   """The test-size case, its model and variables, and default apply's result."""
   case = rm.build(name)
   model, variables = rm.init(case)
-  return case, model, variables, _apply(case, model, variables)
-
-
-def _apply(case, model, variables, **options):
-  if case.nnx:
-    return jaxremat.apply_nnx(model, case.batch, **options)
-  return jaxremat.apply(model.apply, variables, case.batch, **case.kwargs, **options)
-
-
-def _plain(case, model):
-  return (lambda m, x: m(x)) if case.nnx else model.apply
-
-
-def _loss(case, fn):
-  """A linen model's loss ``loss(variables, batch)``: a mean square of its prediction."""
-  def loss(variables, x):
-    out = fn(variables, x, **case.kwargs)
-    return jnp.mean(jnp.square(out[0] if "mutable" in case.kwargs else out))
-  return loss
-
-
-def _footprint(case, fn, model, variables) -> int:
-  """XLA's footprint of the gradient step of ``fn`` (bytes): ``jaxremat.measure`` of the
-  loss; for nnx, of ``nnx.grad`` of the loss on the merged model (nnx.remat and Dropout's
-  rng counts fail under ``jax.grad`` of a merged model: TraceContextError)."""
-  if not case.nnx:
-    return jaxremat.measure(_loss(case, fn), variables, case.batch).total_bytes
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-  def step(params, rest, x):
-    loss = lambda m: jnp.mean(jnp.square(fn(m, x)))
-    return nnx.grad(loss)(nnx.merge(graphdef, params, rest))
-  return jaxremat.compile_footprint(step, params, rest, case.batch).total_bytes
+  return case, model, variables, rm.apply(case, model, variables)
 
 
 def _assert_close(want, got, tol=1e-5):
@@ -92,6 +60,11 @@ def test_decomposition_is_recorded_with_its_reasons():
   assert not any(n.startswith("(") for n in lm1b.chain.names)  # its layer went to the prelude
 
 
+def test_a_scan_in_a_split_module_is_still_segmented():
+  r = _setup("scan-lm")[3]
+  assert [(s.name, s.length, s.rematerialised) for s in r.scans] == [("decoder/(scan)", 4, True)]
+
+
 def test_another_batch_size_gives_the_same_layers():
   for name in ("lm1b", "resnet", "minigpt-list"):
     case, model, variables, r = _setup(name)
@@ -111,12 +84,12 @@ def test_lm1b_forward_at_another_batch_size_reuses_the_plan():
 
 def test_layer_depth_stays_an_exact_override():
   case, model, variables, _ = _setup("vit")
-  r = _apply(case, model, variables, layer_depth=1, method="none")
+  r = rm.apply(case, model, variables, layer_depth=1, method="none")
   assert r.chain.names == ("embedding", "(reshape,tile,concatenate)", "Transformer",
                            "(slice,squeeze)", "head")
   assert r.traced.decomposition == "layer_depth=1 (5 layers)"
   case, model, variables, _ = _setup("lm1b")  # the mask layer is read by every block
-  graph = _apply(case, model, variables, layer_depth=2, method="none")
+  graph = rm.apply(case, model, variables, layer_depth=2, method="none")
   assert isinstance(graph, jaxremat.GraphRemat)
 
 
@@ -154,11 +127,11 @@ def test_gradients_equal_plain_gradients(name):
       grads = nnx.jit(nnx.grad(loss))(m, case.batch)
       return grads, nnx.state(m)  # the state after: Dropout's rng counts
 
-    (want, want_state), (got, got_state) = step(_plain(case, model)), step(r.fn)
+    (want, want_state), (got, got_state) = step(rm.plain_call(case, model)), step(r.fn)
     _assert_close(want_state, got_state)
   else:
-    want = jax.jit(jax.grad(_loss(case, model.apply)))(variables, case.batch)
-    got = jax.jit(jax.grad(_loss(case, r.fn)))(variables, case.batch)
+    want = jax.jit(jax.grad(rm.loss(case, model.apply)))(variables, case.batch)
+    got = jax.jit(jax.grad(rm.loss(case, r.fn)))(variables, case.batch)
     if "mutable" in case.kwargs:  # the updated BatchNorm statistics too
       state = lambda fn: jax.jit(lambda v, x: fn(v, x, **case.kwargs)[1])
       _assert_close(state(model.apply)(variables, case.batch), state(r.fn)(variables, case.batch))
@@ -169,11 +142,11 @@ def test_gradients_equal_plain_gradients(name):
 @pytest.mark.parametrize("name", rm.NAMES)
 def test_footprint_matches_per_block_remat_and_best_uniform(name):
   case, model, variables, r = _setup(name)
-  default = _footprint(case, r.fn, model, variables)
+  default = rm.footprint(case, r.fn, model, variables)
   remat_model, remat_variables = rm.init(case, remat=True)
-  per_block = _footprint(case, _plain(case, remat_model), remat_model, remat_variables)
+  per_block = rm.footprint(case, rm.plain_call(case, remat_model), remat_model, remat_variables)
   assert default <= (1 + PER_BLOCK_SLACK) * per_block, (default, per_block)
   n = r.chain.n
-  uniform = {k: _footprint(case, _apply(case, model, variables, plan=uniform_plan(n, k)).fn,
+  uniform = {k: rm.footprint(case, rm.apply(case, model, variables, plan=uniform_plan(n, k)).fn,
                            model, variables) for k in range(1, n)}
   assert default <= min(uniform.values()), (default, uniform)
