@@ -9,7 +9,6 @@ Recorded in bench/results/scan-sharding-cpu/scan-sharding.md.
 import sys
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, "tests")
 import jaxremat  # noqa: E402

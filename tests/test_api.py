@@ -162,7 +162,12 @@ def test_layer_depth_splits_children_into_their_submodules():
   model = nn.Sequential([inner(), inner()])
   x = jnp.ones((2, 3))
   params = _init(model, x, {})
-  assert jaxremat.apply(model.apply, params, x).chain.names == ("layers_0", "layers_1")
+  by_depth = jaxremat.apply(model.apply, params, x, layer_depth=1)
+  assert by_depth.chain.names == ("layers_0", "layers_1")
+  # By default each child (half of the activation bytes) is split too, at no cost to the chain.
+  assert jaxremat.apply(model.apply, params, x).chain.names == (
+      "layers_0/layers_0", "layers_0/(relu)", "layers_0/layers_2",
+      "layers_1/layers_0", "layers_1/(relu)", "layers_1/layers_2")
   r = jaxremat.apply(model.apply, params, x, layer_depth=2, method="every-layer")
   assert r.chain.names[0] == "layers_0/layers_0" and r.chain.n == 6
   _assert_trees_close(jax.grad(_loss(model.apply, {}))(params, x), jax.grad(_loss(r.fn, {}))(params, x), 1e-5)

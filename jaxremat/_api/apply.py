@@ -56,8 +56,10 @@ def apply(
       least footprint reached when no plan fits. A float is rounded down; ``inf`` means
       no budget.
     plan: use these checkpoints instead of solving.
-    layer_depth: name-stack depth that defines a layer (default: the root module's
-      children).
+    layer_depth: name-stack depth that defines a layer, exactly (1: the root module's
+      children, 2: theirs). Default: the root module's children, each split into its own
+      children where it makes a large share of the activation bytes and the layers stay
+      a chain (the blocks inside an ``Encoder``); ``Remat.decomposition`` says why.
     refine: for ``method="optimal"`` on a chain, improve model R's optimum by local
       search on the backend's estimate of XLA's footprint (``predict_total_bytes``).
     verify: compile the training step (``jax.grad`` of the sum of mean squares of the
@@ -130,7 +132,8 @@ def apply(
     fn = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
   return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],
                fixed_bytes=planner.fixed_bytes, verified=verified, scans=scans,
-               stage_seconds=dict(clock.seconds), _planner=planner)
+               decomposition=traced.decomposition, stage_seconds=dict(clock.seconds),
+               _planner=planner)
 
 
 def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None, refine: bool,

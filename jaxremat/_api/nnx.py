@@ -44,7 +44,8 @@ def apply_nnx(
   ``jax.named_scope`` named by the module's attribute path: the model's class name,
   then e.g. ``blocks.0`` (an element of an ``nnx.List``), ``layers.3`` (a layer of an
   ``nnx.Sequential``) or ``head``. Layers are then found as for Flax linen: by default
-  the model's child modules, in the order the model calls them; work the model does
+  the model's child modules, in the order the model calls them, a large one split into
+  its own (``transformer_blocks/layers.3`` of an ``nnx.Sequential``); work the model does
   outside any child (a residual add, ``nnx.relu`` in a ``Sequential``) forms layers of
   its own. Only ``__call__`` is scoped: another method of a child (``embed.attend``)
   counts as work of its caller. The model itself is not modified.

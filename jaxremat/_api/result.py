@@ -30,6 +30,8 @@ class Remat:
       plan compiled, by checkpoints.
     scans: one ``ScanPlan`` per scanned layer stack (its segment length, its uniform
       chain), in order.
+    decomposition: which layers ``apply`` found and why (the root module's children, the
+      ones it split into their own children, or an explicit ``layer_depth``).
     stage_seconds: wall time of each stage of ``apply`` (seconds): ``trace``,
       ``profile``, ``solve``, ``compile`` (verification and budget fitting) and ``emit``.
   """
@@ -41,6 +43,7 @@ class Remat:
   fixed_bytes: int
   verified: dict[tuple[int, ...], int] | None = None
   scans: tuple[ScanPlan, ...] = ()
+  decomposition: str = ""
   stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
   _planner: Planner | None = dataclasses.field(default=None, repr=False)
 
@@ -118,6 +121,8 @@ class Remat:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     model = "model-G" if self.is_graph else "model-R"
+    if self.decomposition:
+      lines.append(f"layers: {self.decomposition}")
     lines.append(f"input x_0: {fmt_bytes(planner.input_bytes)}; fixed (params, batch, grads): "
                  f"{fmt_bytes(self.fixed_bytes)}")
     plans = planner.reported_plans(plan)

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr import granularity as _granularity
 from jaxremat._errors import EmptyModelError, NotAChainError, UnsupportedModelError
 
 
@@ -31,7 +32,8 @@ class TracedChain:
 
   The flat inputs are the leaves of ``(params, batch, array_kwargs)``; ``input_vars``
   names them in the jaxpr. ``prelude`` holds equations that depend only on inputs and
-  feed more than one layer (they run once, before the chain).
+  feed more than one layer (they run once, before the chain). ``decomposition`` says
+  which modules became the layers and why (for reports).
   """
 
   input_vars: tuple[_compat.Var, ...]
@@ -45,6 +47,7 @@ class TracedChain:
   outvars: tuple[Any, ...]
   out_tree: Any
   not_a_chain: str | None = None
+  decomposition: str = ""
 
   @property
   def is_graph(self) -> bool:
@@ -87,9 +90,11 @@ def trace(
   """Traces ``model_fn(params, batch, **kwargs)`` and splits it into a chain of layers.
 
   Layers are runs of equations that share a name-stack prefix (a Flax module path such
-  as ``Sequential/layers_3``) ``layer_depth`` components below the root module; by
-  default the children of the root module. Equations outside any child (``nn.relu`` in
-  a ``Sequential``, a reshape) form layers of their own.
+  as ``Sequential/layers_3``) ``layer_depth`` components below the root module. By
+  default (``None``) the root module's children, each split into its own children
+  where it holds a large share of the activation bytes and the layers stay a chain
+  (``_granularity.decompose``: ``Encoder/encoderblock_3``). Equations outside any child
+  (``nn.relu`` in a ``Sequential``, a reshape) form layers of their own.
 
   When a layer reads a value made two or more layers earlier (skip connections), the
   layers are linked as a graph: a layer's ``inputs`` are every value it reads from
@@ -120,12 +125,17 @@ def trace(
   eqns = _live(jaxpr.eqns, jaxpr.outvars)
   _reject_unsupported(eqns)
 
-  groups = _group(eqns, layer_depth)
   batch_vars = input_vars[len(params_leaves) : len(params_leaves) + len(batch_leaves)]
-  prelude, groups = _hoist_invariant_values(groups, invariant - set(batch_vars))
+  if layer_depth is None:
+    chosen = _granularity.decompose(eqns, invariant, batch_vars, input_vars[:len(params_leaves)])
+    prelude, groups, decomposition = list(chosen.prelude), list(chosen.groups), chosen.description
+  else:
+    groups = _granularity.group(eqns, layer_depth)
+    prelude, groups = _granularity.hoist_invariant_values(groups, invariant - set(batch_vars))
+    groups = [(name, g) for name, g in groups if g]
+    decomposition = f"layer_depth={layer_depth} ({len(groups)} layers)"
   prelude_outputs = tuple(dict.fromkeys(v for e in prelude for v in e.outvars))
   invariant |= set(prelude_outputs)
-  groups = [(name, g) for name, g in groups if g]
   if not groups:
     raise EmptyModelError(
         "the model has no layers: its outputs do not depend on the batch through any "
@@ -146,6 +156,7 @@ def trace(
       outvars=tuple(jaxpr.outvars),
       out_tree=out_tree,
       not_a_chain=not_a_chain,
+      decomposition=decomposition,
   )
 
 
@@ -194,86 +205,21 @@ def _reject_transform(eqn):
         "needs the forward model. Pass model.apply and take jax.grad of a loss of r.fn.")
 
 
-def _group(eqns, layer_depth):
-  """Groups consecutive equations by name-stack prefix into named layers."""
-  stacks = [_compat.name_stack(e) for e in eqns]
-  if layer_depth is None:
-    roots = {s[0] for s in stacks if s}
-    layer_depth = 1 if len(roots) == 1 and all(stacks) else 0
-  groups: list[tuple[Any, list]] = []
-  for eqn, stack in zip(eqns, stacks):
-    key = stack[: layer_depth + 1] if len(stack) > layer_depth else ("", *stack)
-    if groups and groups[-1][0] == key:
-      groups[-1][1].append(eqn)
-    else:
-      groups.append((key, [eqn]))
-  named = []
-  seen: dict[str, int] = {}
-  for key, group in groups:
-    if key and key[0] == "":  # equations outside any child module
-      prims = list(dict.fromkeys(_eqn_label(e) for e in group))
-      name = "(" + ",".join(prims[:3]) + (",..." if len(prims) > 3 else "") + ")"
-    else:
-      name = "/".join(key[1:]) if layer_depth else "/".join(key)  # the root module is implied
-    seen[name] = seen.get(name, 0) + 1
-    named.append((name if seen[name] == 1 else f"{name}#{seen[name]}", group))
-  return named
-
-
-def _eqn_label(eqn) -> str:
-  if eqn.primitive.name in ("custom_jvp_call", "custom_vjp_call", "pjit", "jit"):
-    for key in ("call_jaxpr", "jaxpr", "fun_jaxpr"):
-      inner = eqn.params.get(key)
-      info = getattr(getattr(inner, "jaxpr", inner), "debug_info", None)
-      src = getattr(info, "func_src_info", None)
-      if src:
-        return src.split(" ")[0]
-  return eqn.primitive.name
-
-
-def _hoist_invariant_values(groups, invariant):
-  """Moves equations that depend only on ``invariant`` values (parameters, kwargs,
-  constants: not the batch) and feed other layers into a prelude."""
-  derived = set(invariant)
-  origin: dict[Any, int] = {}
-  for gi, (_, group) in enumerate(groups):
-    for eqn in group:
-      if all(isinstance(v, _compat.Literal) or v in derived for v in eqn.invars):
-        for v in eqn.outvars:
-          derived.add(v)
-          origin[v] = gi
-  crossing = set()
-  for gi, (_, group) in enumerate(groups):
-    for eqn in group:
-      for v in eqn.invars:
-        if not isinstance(v, _compat.Literal) and v in origin and origin[v] != gi:
-          crossing.add(v)
-  if not crossing:
-    return [], groups
-  # The crossing values and everything they are computed from (all input-derived).
-  needed = set(crossing)
-  hoisted_ids = set()
-  for _, group in reversed(groups):
-    for eqn in reversed(group):
-      if any(v in needed for v in eqn.outvars):
-        hoisted_ids.add(id(eqn))
-        needed.update(v for v in eqn.invars if not isinstance(v, _compat.Literal) and v in origin)
-  prelude = [e for _, g in groups for e in g if id(e) in hoisted_ids]
-  rest = [(name, [e for e in g if id(e) not in hoisted_ids]) for name, g in groups]
-  return prelude, rest
-
-
 def _link(groups, invariant, outvars) -> tuple[Layer, ...]:
   """Finds each layer's inputs and outputs and checks that the layers form a chain."""
-  made_by: dict[Any, int] = {}
-  for li, (_, group) in enumerate(groups):
-    for eqn in group:
-      for v in eqn.outvars:
-        made_by[v] = li
+  skip = _granularity.first_skip(groups, invariant)
+  if skip is not None:
+    li, src = skip
+    raise NotAChainError(
+        f"layer {li + 1} {groups[li][0]!r} reads a value made by layer {src + 1} "
+        f"{groups[src][0]!r}, skipping over layer {src + 2} {groups[src + 1][0]!r}: "
+        "the model is not a chain at this granularity. Group the skip connection "
+        "into one module (e.g. a residual block whose __call__ adds its input) or "
+        "pass layer_depth= to choose another granularity.")
   model_outputs = {v for v in outvars if not isinstance(v, _compat.Literal)}
   reads: list[list] = []
   inv_reads: list[list] = []
-  for li, (name, group) in enumerate(groups):
+  for group in (g for _, g in groups):
     own = {v for e in group for v in e.outvars}
     ext, inv = [], []
     for eqn in group:
@@ -283,14 +229,6 @@ def _link(groups, invariant, outvars) -> tuple[Layer, ...]:
         if v in invariant:
           inv.append(v)
           continue
-        src = made_by[v]
-        if src != li - 1:
-          raise NotAChainError(
-              f"layer {li + 1} {name!r} reads a value made by layer {src + 1} "
-              f"{groups[src][0]!r}, skipping over layer {src + 2} {groups[src + 1][0]!r}: "
-              "the model is not a chain at this granularity. Group the skip connection "
-              "into one module (e.g. a residual block whose __call__ adds its input) or "
-              "pass layer_depth= to choose another granularity.")
         ext.append(v)
     reads.append(list(dict.fromkeys(ext)))
     inv_reads.append(list(dict.fromkeys(inv)))

@@ -1,0 +1,362 @@
+"""Which equations form a layer: groups by Flax name stack, at a fixed or an automatic depth.
+
+A layer is a run of consecutive equations whose name stacks (module paths) share a
+prefix. With a fixed ``layer_depth`` the prefix is that many components below the root.
+By default (``decompose``) the layers start as the root module's children, and a child
+that holds a large share of the model's activation bytes is replaced by its own
+children, recursively and at mixed depth, as long as the layers stay a chain: the
+blocks of a transformer's ``Encoder``, of an ``nnx.Sequential`` or of a ResNet stage
+become the layers, wherever they sit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from jaxremat._jaxpr import compat as _compat
+
+#: A module is split into its children when it makes at least this share of the model's
+#: activation bytes (``activation_bytes``).
+DESCEND_SHARE = 1 / 8
+
+#: Values computed from the batch alone (an attention mask, positions) that a layer reads
+#: two or more layers after the one that makes them move into the prelude (held for the
+#: whole step, as their readers hold them anyway) when together they are at most this
+#: share of the model's activation bytes.
+HOIST_SHARE = 1 / 20
+
+Key = tuple[str, ...]  # a module path; ("", *stack) for equations outside any child
+Group = tuple[str, list]  # (layer name, its equations)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decomposition:
+  """The layers chosen by ``decompose``.
+
+  Attributes:
+    prelude: equations moved before the chain (parameter-only values, small batch-only
+      values read across layers).
+    groups: the layers, as (name, equations), none empty.
+    is_chain: every layer reads only the batch, invariants and the layer before it.
+    description: which modules were split and why, in a sentence.
+  """
+
+  prelude: tuple
+  groups: tuple[Group, ...]
+  is_chain: bool
+  description: str
+
+
+def base_depth(stacks: Sequence[Key]) -> int:
+  """1 when every equation sits under one root module (its children are the layers), else 0."""
+  roots = {s[0] for s in stacks if s}
+  return 1 if len(roots) == 1 and all(stacks) else 0
+
+
+def group(eqns: Sequence[Any], layer_depth: int) -> list[Group]:
+  """Groups consecutive equations by their name stack ``layer_depth`` components below
+  the root into named layers (the fixed ``layer_depth`` of ``jaxremat.apply``)."""
+  stacks = [_compat.name_stack(e) for e in eqns]
+  keyed = _keyed(eqns, stacks, layer_depth, frozenset())
+  return _named(keyed, 1 if layer_depth else 0, prefix_outside=False)
+
+
+def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
+              param_vars: Sequence[Any]) -> Decomposition:
+  """The layers that serve remat best: the root's children, split where they are large.
+
+  A module is split into its children (its child modules; its own equations between
+  them form layers of their own) when it makes at least ``DESCEND_SHARE`` of the
+  model's activation bytes, or when a sibling of the same name but for a trailing
+  index (``layer1``, ``layer2``; ``blocks.0``, ``blocks.1``) was split; a module with
+  a single child is looked through. A split is kept only when the layers stay a chain
+  once small batch-only values read across layers (``HOIST_SHARE``) join the prelude;
+  otherwise the module, and its like-named siblings, stay whole. Largest modules go
+  first. Shares are ratios of shapes, so another batch size gives the same layers.
+
+  Args:
+    eqns: the model's equations, in order.
+    invariant: values every layer may read (parameters, batch, kwargs, constants).
+    batch_vars: the batch's values (they vary; activation bytes are counted from them).
+    param_vars: the parameters' values (what depends on them is an activation, never
+      hoisted as a batch-only value).
+  """
+  stacks = [_compat.name_stack(e) for e in eqns]
+  depth = base_depth(stacks)
+  weights = activation_bytes(eqns, batch_vars)
+  total = max(1, sum(weights))
+  tree = _Tree(stacks, weights, depth)
+
+  def evaluate(expanded: frozenset) -> tuple[Decomposition, list[Key]]:
+    keyed = _keyed(eqns, stacks, depth, expanded)
+    groups = _named(keyed, depth, prefix_outside=True)
+    prelude, groups, hoisted = _hoisted(groups, invariant, batch_vars, param_vars,
+                                        HOIST_SHARE * total)
+    chain = first_skip(groups, invariant | {v for e in prelude for v in e.outvars}) is None
+    modules = [key for key, _ in keyed if key[0]]
+    return Decomposition(tuple(prelude), tuple(groups), chain, _hoist_note(hoisted)), modules
+
+  best, modules = evaluate(frozenset())
+  if not best.is_chain:
+    return dataclasses.replace(best, description=(
+        f"the root module's children ({len(best.groups)} layers, planned as a graph: a layer "
+        "reads a value made two or more layers before it)" + best.description))
+  expanded: frozenset = frozenset()
+  split: list[Key] = []
+  kept: list[Key] = []
+  decided: dict[Key, bool] = {}  # (parent, stem) -> whether that kind of module was split
+  while True:
+    candidates = [k for k in modules if k not in kept and tree.divisible(k)
+                  and decided.get(_kind(k), tree.weight(k) >= DESCEND_SHARE * total)]
+    if not candidates:
+      break
+    key = max(candidates, key=tree.weight)
+    trial, trial_modules = evaluate(expanded | tree.expansion(key))
+    if trial.is_chain:
+      expanded, best, modules = expanded | tree.expansion(key), trial, trial_modules
+      split.append(key)
+    else:
+      kept.append(key)
+    decided.setdefault(_kind(key), trial.is_chain)
+  return dataclasses.replace(best, description=_describe(
+      split, kept, modules, tree, total, depth, len(best.groups)) + best.description)
+
+
+def activation_bytes(eqns: Sequence[Any], batch_vars: Iterable[Any]) -> list[int]:
+  """Per equation, the bytes of the float values it makes that depend on the batch (a
+  proxy for what its backward keeps): inside a call, those of the equations it runs;
+  inside a scan, one iteration's times its length; parameter-only work counts 0."""
+  varying = set(batch_vars)
+  weights = []
+  for eqn in eqns:
+    if any(not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars):
+      varying.update(eqn.outvars)
+      weights.append(_made_bytes(eqn))
+    else:
+      weights.append(0)
+  return weights
+
+
+def _made_bytes(eqn: Any) -> int:
+  """Bytes of the float values ``eqn`` makes, counting the equations of its sub-programs
+  instead of its outputs (``cond``: its largest branch; ``scan``: times its length)."""
+  bodies = [[_body_bytes(j) for j in (value if isinstance(value, (tuple, list)) else (value,))
+             if hasattr(getattr(j, "jaxpr", j), "eqns")] for value in eqn.params.values()]
+  bodies = [b for b in bodies if b]
+  if not bodies:
+    return sum(_compat.aval_bytes(v.aval) for v in eqn.outvars if _compat.is_float(v.aval))
+  times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+  return times * sum(max(b) for b in bodies)
+
+
+def _body_bytes(jaxpr: Any) -> int:
+  return sum(_made_bytes(e) for e in getattr(jaxpr, "jaxpr", jaxpr).eqns)
+
+
+class _Tree:
+  """The module tree below the root, from the name stacks: each module's activation bytes,
+  its child modules and whether it has equations of its own."""
+
+  def __init__(self, stacks: Sequence[Key], weights: Sequence[int], depth: int):
+    self._weight: dict[Key, int] = {}
+    self._children: dict[Key, dict[Key, None]] = {}
+    self._own: set[Key] = set()
+    for stack, w in zip(stacks, weights):
+      for k in range(depth + 1, len(stack) + 1):
+        prefix = stack[:k]
+        self._weight[prefix] = self._weight.get(prefix, 0) + w
+        if k < len(stack):
+          self._children.setdefault(prefix, {})[stack[:k + 1]] = None
+        else:
+          self._own.add(prefix)
+
+  def weight(self, key: Key) -> int:
+    return self._weight.get(key, 0)
+
+  def _only_child(self, key: Key) -> Key | None:
+    children = list(self._children.get(key, ()))
+    return children[0] if len(children) == 1 and key not in self._own else None
+
+  def divisible(self, key: Key) -> bool:
+    """Whether splitting ``key`` (looking through single children) gives two or more layers,
+    one of them a module."""
+    while (only := self._only_child(key)) is not None:
+      key = only
+    children = len(self._children.get(key, ()))
+    return children >= 1 and children + (key in self._own) >= 2
+
+  def expansion(self, key: Key) -> frozenset:
+    """``key`` and the single children it is looked through to."""
+    keys = [key]
+    while (only := self._only_child(keys[-1])) is not None:
+      keys.append(only)
+    return frozenset(keys)
+
+
+def _kind(key: Key) -> Key:
+  """The module's parent path and its name without a trailing index: siblings of one kind."""
+  return (*key[:-1], re.sub(r"[._]?\d+$", "", key[-1]))
+
+
+def _keyed(eqns: Sequence[Any], stacks: Sequence[Key], depth: int,
+           expanded: frozenset) -> list[tuple[Key, list]]:
+  """Runs of consecutive equations of one layer key: the stack cut ``depth`` components
+  below the root and one further below each module in ``expanded``; ``("", *stack)``
+  for equations of a module that is split (or of the root) outside its children."""
+  groups: list[tuple[Key, list]] = []
+  for eqn, stack in zip(eqns, stacks):
+    k = depth
+    while len(stack) > k and stack[:k + 1] in expanded:
+      k += 1
+    key = stack[:k + 1] if len(stack) > k else ("", *stack)
+    if groups and groups[-1][0] == key:
+      groups[-1][1].append(eqn)
+    else:
+      groups.append((key, [eqn]))
+  return groups
+
+
+def _named(keyed: list[tuple[Key, list]], drop: int, prefix_outside: bool) -> list[Group]:
+  """Names each group by its module path less the first ``drop`` components (the implied
+  root); a group outside any child by its primitives, after its module's path when
+  ``prefix_outside``; repeated names get ``#2``, ``#3``."""
+  named = []
+  seen: dict[str, int] = {}
+  for key, eqns in keyed:
+    if key[0] == "":
+      prims = list(dict.fromkeys(_eqn_label(e) for e in eqns))
+      name = "(" + ",".join(prims[:3]) + (",..." if len(prims) > 3 else "") + ")"
+      where = "/".join(key[1 + drop:]) if prefix_outside else ""
+      name = f"{where}/{name}" if where else name
+    else:
+      name = "/".join(key[drop:])
+    seen[name] = seen.get(name, 0) + 1
+    named.append((name if seen[name] == 1 else f"{name}#{seen[name]}", eqns))
+  return named
+
+
+def _eqn_label(eqn: Any) -> str:
+  if eqn.primitive.name in ("custom_jvp_call", "custom_vjp_call", "pjit", "jit"):
+    for key in ("call_jaxpr", "jaxpr", "fun_jaxpr"):
+      inner = eqn.params.get(key)
+      info = getattr(getattr(inner, "jaxpr", inner), "debug_info", None)
+      src = getattr(info, "func_src_info", None)
+      if src:
+        return src.split(" ")[0]
+  return eqn.primitive.name
+
+
+def hoist_invariant_values(groups: list[Group], invariant: set) -> tuple[list, list[Group]]:
+  """Moves equations that depend only on ``invariant`` values (parameters, kwargs,
+  constants: not the batch) and feed other layers into a prelude."""
+  origin = _origins(groups, invariant)
+  crossing = _read_by(groups, origin, lambda made, reader: made != reader)
+  return _moved(groups, crossing, origin)
+
+
+def _hoisted(groups: list[Group], invariant: set, batch_vars: Sequence[Any],
+             param_vars: Sequence[Any], limit_bytes: float) -> tuple[list, list[Group], list]:
+  """Both hoists of ``decompose``: parameter-only values read by another layer, then
+  values computed without the parameters (from the batch, kwargs, constants) that a
+  layer reads two or more layers after their maker, when they total at most
+  ``limit_bytes``. Returns the prelude, the non-empty layers and the batch values
+  hoisted."""
+  prelude, groups = hoist_invariant_values(groups, invariant - set(batch_vars))
+  free = invariant - set(param_vars)
+  free |= set(_origins([("prelude", prelude)], free))
+  origin = _origins(groups, free)
+  skipping = _read_by(groups, origin, lambda made, reader: reader > made + 1)
+  hoisted: list = []
+  if skipping and sum(_compat.aval_bytes(v.aval) for v in skipping) <= limit_bytes:
+    more, groups = _moved(groups, skipping, origin)
+    prelude, hoisted = prelude + more, sorted(skipping, key=str)
+  return prelude, [(name, g) for name, g in groups if g], hoisted
+
+
+def _origins(groups: list[Group], sources: set) -> dict[Any, int]:
+  """The layer that makes each value computed from ``sources`` alone."""
+  derived = set(sources)
+  origin: dict[Any, int] = {}
+  for gi, (_, eqns) in enumerate(groups):
+    for eqn in eqns:
+      if all(isinstance(v, _compat.Literal) or v in derived for v in eqn.invars):
+        for v in eqn.outvars:
+          derived.add(v)
+          origin[v] = gi
+  return origin
+
+
+def _read_by(groups: list[Group], origin: dict[Any, int],
+             crossing: Callable[[int, int], bool]) -> set:
+  """Values of ``origin`` that a layer reads where ``crossing(maker, reader)``."""
+  return {v for gi, (_, eqns) in enumerate(groups) for eqn in eqns for v in eqn.invars
+          if not isinstance(v, _compat.Literal) and v in origin and crossing(origin[v], gi)}
+
+
+def _moved(groups: list[Group], values: set, origin: dict[Any, int]) -> tuple[list, list[Group]]:
+  """The equations computing ``values`` (and those they are computed from, all in
+  ``origin``) as a prelude, and the layers without them."""
+  if not values:
+    return [], groups
+  needed = set(values)
+  hoisted_ids = set()
+  for _, eqns in reversed(groups):
+    for eqn in reversed(eqns):
+      if any(v in needed for v in eqn.outvars):
+        hoisted_ids.add(id(eqn))
+        needed.update(v for v in eqn.invars if not isinstance(v, _compat.Literal) and v in origin)
+  prelude = [e for _, g in groups for e in g if id(e) in hoisted_ids]
+  rest = [(name, [e for e in g if id(e) not in hoisted_ids]) for name, g in groups]
+  return prelude, rest
+
+
+def first_skip(groups: Sequence[Group], invariant: set) -> tuple[int, int] | None:
+  """``(reader, maker)``: the first layer that reads a value (not in ``invariant``) made
+  by a layer other than the one just before it; None when the layers form a chain."""
+  made_by: dict[Any, int] = {}
+  for li, (_, eqns) in enumerate(groups):
+    for eqn in eqns:
+      for v in eqn.invars:
+        if isinstance(v, _compat.Literal) or v in invariant or made_by.get(v, li) == li:
+          continue
+        if made_by[v] != li - 1:
+          return li, made_by[v]
+      for v in eqn.outvars:
+        made_by[v] = li
+  return None
+
+
+def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree, total: int,
+              depth: int, layers: int) -> str:
+  """``decompose``'s choice in a sentence: the modules split (with their share of the
+  activation bytes), the layers' depth, and the modules kept whole."""
+  def path(key: Key) -> str:
+    return "/".join(key[depth:])
+
+  if not split:
+    text = f"the root module's children ({layers} layers)"
+  else:
+    depths = {len(k) for k in modules}
+    where = f"depth {depths.pop() - depth}" if len(depths) == 1 else "mixed depth"
+    parts = [f"'{path(k)}' ({tree.weight(k) / total:.0%})" for k in split]
+    text = (f"descended into {', '.join(parts)} of the activation bytes: {layers} layers at "
+            f"{where}")
+  whole = []
+  for key in kept:
+    alike = sum(1 for k in dict.fromkeys(modules) if k != key and _kind(k) == _kind(key))
+    whole.append(f"'{path(key)}'" + (f" and {alike} like it" if alike else ""))
+  if whole:
+    text += (f"; kept {', '.join(whole)} whole (split, a layer would read a value made two or "
+             "more layers before it)")
+  return text
+
+
+def _hoist_note(hoisted: list) -> str:
+  if not hoisted:
+    return ""
+  size = sum(_compat.aval_bytes(v.aval) for v in hoisted)
+  return (f"; {len(hoisted)} value(s) computed from the batch alone ({size} bytes, e.g. an "
+          "attention mask) and read across layers moved into the prelude")

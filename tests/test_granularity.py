@@ -1,0 +1,152 @@
+"""Automatic granularity: on models written as real code nests them (tests/realworld_models.py),
+default apply finds the blocks as layers, keeps the gradients, and matches per-block remat."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import realworld_models as rm
+from flax import nnx
+
+import jaxremat
+from jaxremat.solvers import uniform_plan
+
+#: XLA's footprint of default apply may exceed per-block remat's by this share at most.
+PER_BLOCK_SLACK = 0.02
+
+
+pytestmark = pytest.mark.xla  # apply compiles its plan by default: the slow set
+
+@functools.cache
+def _setup(name: str):
+  """The test-size case, its model and variables, and default apply's result."""
+  case = rm.build(name)
+  model, variables = rm.init(case)
+  return case, model, variables, rm.apply(case, model, variables)
+
+
+def _assert_close(want, got, tol=1e-5):
+  def leaf(x):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    return np.asarray(x, np.float64)
+
+  want, got = jax.tree.map(leaf, want), jax.tree.map(leaf, got)
+  assert jax.tree.structure(want) == jax.tree.structure(got)
+  for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
+    scale = max(1.0, float(np.max(np.abs(w), initial=0.0)))
+    np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("name", rm.NAMES)
+def test_default_layers_are_the_blocks(name):
+  case, _, _, r = _setup(name)
+  names = r.chain.names
+  start = names.index(case.blocks[0])
+  assert names[start:start + len(case.blocks)] == case.blocks, names
+  assert not any(n.startswith(block + "/") for block in case.blocks for n in names), names
+  assert r.decomposition.startswith("descended into"), r.decomposition
+
+
+def test_decomposition_is_recorded_with_its_reasons():
+  vit = _setup("vit")[3].decomposition
+  assert vit.startswith("descended into 'Transformer' (98%) of the activation bytes: 9 layers")
+  assert "kept 'Transformer/encoderblock_0' and 1 like it whole" in vit
+  resnet = _setup("resnet")[3].decomposition
+  assert "'layer1'" in resnet and "'layer2'" in resnet  # the second stage as the first's kind
+  lm1b = _setup("lm1b")[3]
+  assert "1 value(s) computed from the batch alone" in lm1b.decomposition  # the mask
+  assert not any(n.startswith("(") for n in lm1b.chain.names)  # its layer went to the prelude
+
+
+def test_a_scan_in_a_split_module_is_still_segmented():
+  r = _setup("scan-lm")[3]
+  assert [(s.name, s.length, s.rematerialised) for s in r.scans] == [("decoder/(scan)", 4, True)]
+
+
+def test_another_batch_size_gives_the_same_layers():
+  for name in ("lm1b", "resnet", "minigpt-list"):
+    case, model, variables, r = _setup(name)
+    bigger = jnp.concatenate([case.batch, case.batch])
+    if case.nnx:
+      again = jaxremat.apply_nnx(model, bigger)
+    else:
+      again = jaxremat.apply(model.apply, variables, bigger, **case.kwargs)
+    assert again.chain.names == r.chain.names
+
+
+def test_lm1b_forward_at_another_batch_size_reuses_the_plan():
+  case, model, variables, r = _setup("lm1b")
+  tokens = jnp.concatenate([case.batch, case.batch[:, ::-1]])
+  _assert_close(model.apply(variables, tokens), r.fn(variables, tokens))
+
+
+def test_layer_depth_stays_an_exact_override():
+  case, model, variables, _ = _setup("vit")
+  r = rm.apply(case, model, variables, layer_depth=1, method="none")
+  assert r.chain.names == ("embedding", "(reshape,tile,concatenate)", "Transformer",
+                           "(slice,squeeze)", "head")
+  assert r.decomposition == "layer_depth=1 (5 layers)"
+  case, model, variables, _ = _setup("lm1b")  # the mask layer is read by every block
+  graph = rm.apply(case, model, variables, layer_depth=2, method="none")
+  assert graph.is_graph
+
+
+class _InputSkip(nn.Module):
+  """A scaled copy of the input (batch-only, as large as an activation) read by the first
+  and the last of three layers."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = 2.0 * x
+    return nn.Dense(x.shape[-1])(nn.relu(nn.Dense(x.shape[-1])(h))) + h
+
+
+class _Wrapper(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return _InputSkip(name="inner")(x)
+
+
+def test_a_large_batch_value_read_across_layers_keeps_its_module_whole():
+  model, x = _Wrapper(), jnp.ones((8, 64))
+  r = jaxremat.apply(model.apply, model.init(jax.random.key(0), x), x, method="none")
+  assert r.chain.names == ("inner",)
+  assert "kept 'inner' whole" in r.decomposition
+
+
+@pytest.mark.parametrize("name", rm.NAMES)
+def test_gradients_equal_plain_gradients(name):
+  case, model, variables, r = _setup(name)
+  if case.nnx:
+    def step(fn):
+      m = nnx.clone(model)
+      loss = lambda m, x: jnp.mean(jnp.square(fn(m, x)))
+      grads = nnx.jit(nnx.grad(loss))(m, case.batch)
+      return grads, nnx.state(m)  # the state after: Dropout's rng counts
+
+    (want, want_state), (got, got_state) = step(rm.plain_call(case, model)), step(r.fn)
+    _assert_close(want_state, got_state)
+  else:
+    want = jax.jit(jax.grad(rm.loss(case, model.apply)))(variables, case.batch)
+    got = jax.jit(jax.grad(rm.loss(case, r.fn)))(variables, case.batch)
+    if "mutable" in case.kwargs:  # the updated BatchNorm statistics too
+      state = lambda fn: jax.jit(lambda v, x: fn(v, x, **case.kwargs)[1])
+      _assert_close(state(model.apply)(variables, case.batch), state(r.fn)(variables, case.batch))
+  _assert_close(want, got)
+
+
+@pytest.mark.parametrize("name", rm.NAMES)
+def test_footprint_matches_per_block_remat_and_best_uniform(name):
+  case, model, variables, r = _setup(name)
+  default = rm.footprint(case, r.fn, model, variables)
+  remat_model, remat_variables = rm.init(case, remat=True)
+  per_block = rm.footprint(case, rm.plain_call(case, remat_model), remat_model, remat_variables)
+  assert default <= (1 + PER_BLOCK_SLACK) * per_block, (default, per_block)
+  n = r.chain.n
+  uniform = {k: rm.footprint(case, rm.apply(case, model, variables, plan=uniform_plan(n, k)).fn,
+                           model, variables) for k in range(1, n)}
+  assert default <= min(uniform.values()), (default, uniform)
