@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 
@@ -13,7 +14,8 @@ from jaxremat._backends.measure import memory_stats
 from jaxremat._backends.registry import backend_for
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.layer_vjp import flops, forward_and_backward
-from jaxremat._jaxpr.residuals import elementwise, residuals
+from jaxremat._jaxpr.residuals import LayerResiduals, elementwise, residuals
+from jaxremat._jaxpr.signature import layer_signature
 from jaxremat._jaxpr.trace import Layer, TracedChain
 from jaxremat._model.chain import Chain
 
@@ -90,10 +92,9 @@ def profile(traced: TracedChain, calibrate: bool = False,
   cot.append(_bytes(v for v in layers[-1].side_outputs if _compat.is_float(v.aval)))
 
   inputs = [first_inputs if i == 0 else layer.inputs for i, layer in enumerate(layers)]
-  extras = [rules.layer_extras(layer, inputs[i], grad_invariants, i > 0)
-            for i, layer in enumerate(layers)]
-  saved = [residuals(layer, inputs[i], grad_invariants, i > 0, keep=rules.keep_rule(extras[i]))
-           .plus(rules.extra_residuals(extras[i])) for i, layer in enumerate(layers)]
+  found = _profile_layers(rules, layers, inputs, grad_invariants)
+  extras = [e for e, _, _ in found]
+  saved = [r for _, r, _ in found]
   res = [r.total for r in saved]
   own = [r.own_input for r in saved]
   saved_inputs = [set(r.own_input_vars) for r in saved]
@@ -134,10 +135,47 @@ def profile(traced: TracedChain, calibrate: bool = False,
       cot_bytes=cot,
       input_res_bytes=own,
       workspace_bytes=work,
-      flops=[flops(layer, inputs[i]) for i, layer in enumerate(layers)],
+      flops=[f for _, _, f in found],
       names=[layer.name for layer in layers],
   )
   return Profile(chain, buffers)
+
+
+def _profile_layers(rules: Backend, layers: Sequence[Layer], inputs: Sequence[tuple],
+                    grad_invariants: set) -> list[tuple[Any, LayerResiduals, int]]:
+  """Per layer, the backend's extras, its residuals and its FLOPs. Layers of equal
+  ``layer_signature`` (a transformer's repeated blocks) are profiled once; the others'
+  residual variables are mapped from it by position."""
+  found: dict[Any, tuple[Any, LayerResiduals, int, Layer, tuple]] = {}
+  out = []
+  for i, layer in enumerate(layers):
+    key = layer_signature(layer, inputs[i], grad_invariants, i > 0)
+    if key is None or key not in found:
+      extras = rules.layer_extras(layer, inputs[i], grad_invariants, i > 0)
+      saved = residuals(layer, inputs[i], grad_invariants, i > 0,
+                        keep=rules.keep_rule(extras)).plus(rules.extra_residuals(extras))
+      entry = (extras, saved, flops(layer, inputs[i]), layer, inputs[i])
+      if key is not None:
+        found[key] = entry
+    else:
+      entry = found[key]
+    extras, saved, layer_flops, like, like_inputs = entry
+    out.append((extras, _renamed(saved, like, like_inputs, layer, inputs[i]), layer_flops))
+  return out
+
+
+def _renamed(saved: LayerResiduals, like: Layer, like_inputs: tuple, layer: Layer,
+             inputs: tuple) -> LayerResiduals:
+  """``saved`` (the residuals of ``like``) with its variables those of ``layer`` at the
+  same positions."""
+  if like is layer:
+    return saved
+  ins = dict(zip(dict.fromkeys([*like_inputs, *like.invariants]),
+                 dict.fromkeys([*inputs, *layer.invariants])))
+  outs = dict(zip(dict.fromkeys([*like.outputs, *like.side_outputs]),
+                  dict.fromkeys([*layer.outputs, *layer.side_outputs])))
+  return dataclasses.replace(saved, own_input_vars=frozenset(ins[v] for v in saved.own_input_vars),
+                             own_output_vars=frozenset(outs[v] for v in saved.own_output_vars))
 
 
 def _bytes(variables) -> int:
