@@ -125,7 +125,8 @@ def load_model(spec: str) -> Any:
 def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
              budget_bytes: int | None, layer_depth: int | None = None,
              model_kwargs: dict[str, Any] | None = None, rngs: Sequence[str] = (),
-             verify: bool | None = None) -> tuple[jaxremat.Remat, dict[str, Any]]:
+             verify: bool | None = None,
+             target: str | None = None) -> tuple[jaxremat.Remat, dict[str, Any]]:
   """Profiles and solves the model at ``spec`` for a batch of ``batch_shape``.
 
   The summary's ``layers`` give each layer's output, residual and input-residual bytes
@@ -144,7 +145,7 @@ def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
   if "batch_stats" in params:
     kwargs["mutable"] = ["batch_stats"]
   r = jaxremat.apply(model.apply, params, x, method=method, budget_bytes=budget_bytes,
-                     layer_depth=layer_depth, verify=verify, **kwargs)
+                     layer_depth=layer_depth, verify=verify, target=target, **kwargs)
   chain = r.chain
   if isinstance(chain, jaxremat.Chain):
     layers = [
@@ -218,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help='JSON keyword arguments for model.apply, e.g. \'{"train": true}\'')
   plan.add_argument("--rngs", default="",
                     help="comma-separated rng stream names the model needs, e.g. dropout")
+  plan.add_argument("--target", help="plan for this GPU from any machine: h100, a100 or a "
+                    "target-config file (needs JAX's CUDA plugin and JAX_PLATFORMS=cpu)")
   plan.add_argument("--verify", action="store_true",
                     help="compile the leading candidate plans and keep XLA's smallest")
   plan.add_argument("--json", action="store_true", help="print the plan and profile as JSON")
@@ -244,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             None if args.budget is None else int(args.budget),
                             layer_depth=args.layer_depth, model_kwargs=model_kwargs,
                             rngs=[n for n in args.rngs.split(",") if n],
-                            verify=True if args.verify else None)
+                            verify=True if args.verify else None, target=args.target)
     except jaxremat.JaxrematError as err:
       print(f"jaxremat plan: {type(err).__name__}: {err}", file=sys.stderr)
       return 2

@@ -181,3 +181,19 @@ def test_checkpoint_compiles_smaller_on_the_target(h100):
   with_remat = targets.target_footprint(jax.grad(remat), (params, x), h100, NO_XLA_REMAT)
   activation = batch * width * 4
   assert without.total_bytes - with_remat.total_bytes >= 6 * activation
+
+
+@needs_plugin
+def test_apply_plans_for_the_target_from_abstract_inputs():
+  """apply(target=) profiles for the GPU, confirms its plan with the GPU compiler, and
+  that figure is what measure(target=) gives for the plan."""
+  model = zoo.mlp([256, 1024, 256, 1024, 10])
+  x = jax.ShapeDtypeStruct((512, 64), jnp.float32)
+  params = jax.eval_shape(model.init, jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x, target="h100")
+  assert r.target == "h100" and r.measured_total_bytes
+  loss = lambda p, b: jnp.mean(jnp.square(r.fn(p, b)))  # noqa: E731
+  assert r.measured_total_bytes == jaxremat.measure(loss, params, x, target="h100").total_bytes
+  plain = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(model.apply(p, b))), params, x,
+                           target="h100")
+  assert r.measured_total_bytes <= plain.total_bytes

@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
-
-import jax
 
 from jaxremat._api import checks
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
-from jaxremat._api.planner import ChainPlanner, GraphPlanner, Planner, check_budget_method
+from jaxremat._api.measure import measure
+from jaxremat._api.planner import Planner, check_budget_method, make_planner
 from jaxremat._api.result import Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
-from jaxremat._backends.graph_profile import profile_graph
-from jaxremat._backends.measure import measure
-from jaxremat._backends.profile import profile
-from jaxremat._errors import InfeasibleBudgetError, NotAChainError
+from jaxremat._backends.targets import Target, get_target
+from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
-from jaxremat._jaxpr import sharding as _sharding
 from jaxremat._jaxpr.scan import ScanPlan
-from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
+from jaxremat._jaxpr.trace import TracedChain, trace
 from jaxremat._model.chain import Plan
-
 
 def apply(
     model_fn: Callable[..., Any],
@@ -39,6 +33,7 @@ def apply(
     verify: bool | None = None,
     calibrate: bool = False,
     scan_segment: int | str | None = "auto",
+    target: str | Target | None = None,
     **model_kwargs: Any,
 ) -> Remat:
   """Chooses checkpoints for ``model_fn`` and returns a rematerialised drop-in.
@@ -82,6 +77,12 @@ def apply(
       ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) of least
       estimated peak; an int: that ``k`` for every stack; ``None``: scans are left as
       they are (one opaque layer).
+    target: plan for this GPU instead of the local backend, from any machine (no GPU
+      needed): ``"h100"``, ``"a100"``, a target-config text or file, or a ``Target``.
+      The profile models that GPU's XLA, and every compile (the confirming one, verify,
+      budgets) is XLA's GPU compiler's for it (JAX's CUDA plugin is needed:
+      ``TargetUnavailableError`` says how to install it). params and batch may be
+      ``jax.ShapeDtypeStruct``s; nothing is allocated.
     **model_kwargs: passed to ``model_fn`` on every call (``rngs=``, ``mutable=``,
       ``train=``); array leaves are traced, the rest is static.
 
@@ -106,6 +107,7 @@ def apply(
   if budget is not None:
     check_budget_method(method)
     verify = verify is None or bool(verify)
+  resolved = get_target(target)
   clock = Stopwatch()
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
@@ -115,7 +117,8 @@ def apply(
   def measured(plan: Plan, traced: TracedChain = traced, scans: tuple[ScanPlan, ...] = ()) -> int:
     with clock("compile"):
       drop_in = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
-      return measure(training_loss(drop_in, model_kwargs), params, batch).total_bytes
+      return measure(training_loss(drop_in, model_kwargs), params, batch,
+                     target=resolved).total_bytes
 
   scans: tuple[ScanPlan, ...] = ()
   if scan_segment is not None and not traced.is_graph:
@@ -124,7 +127,8 @@ def apply(
       segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s))
     traced, scans = _scan.rewrite(traced, segment)
   with clock("profile"):
-    planner = _planner(traced, scans, params, batch, model_kwargs, calibrate)
+    planner = make_planner(traced, scans, params, batch, model_kwargs, calibrate,
+                           "gpu" if resolved else None)
   measure_plan = lambda p: measured(p, traced, scans)  # noqa: E731
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
@@ -133,7 +137,7 @@ def apply(
   return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],
                fixed_bytes=planner.fixed_bytes, verified=verified, scans=scans,
                decomposition=traced.decomposition, stage_seconds=dict(clock.seconds),
-               _planner=planner)
+               target=resolved.name if resolved else None, _planner=planner)
 
 
 def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None, refine: bool,
@@ -166,25 +170,3 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
 
 def _segments(scans: tuple[ScanPlan, ...]) -> tuple[int, ...] | None:
   return tuple(s.segment for s in scans) if scans else None
-
-
-def _planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, batch: Any,
-             model_kwargs: dict[str, Any], calibrate: bool) -> Planner:
-  """Profiles the traced layers into the planner for their structure (chain or graph)."""
-  arrays, _, _ = split_kwargs(model_kwargs)
-  fixed = checks.fixed_bytes(params, batch, arrays)
-  if traced.not_a_chain is not None:  # traced.is_graph
-    if _sharding.is_sharded((params, batch, arrays)):
-      raise NotAChainError(
-          f"{traced.not_a_chain} jaxremat plans such a model as a graph, which does not "
-          "take sharded inputs yet; pass unsharded params and batch.")
-    return GraphPlanner(profile_graph(traced, calibrate=calibrate), fixed, traced.not_a_chain)
-  prof = profile(traced, calibrate=calibrate)
-  chain = _scan.with_workspace(prof.chain, scans) if scans else prof.chain
-  if _sharding.is_sharded((params, batch, arrays)):  # bytes per device from here on
-    flat = jax.tree_util.tree_leaves((params, batch, arrays))
-    prof = _sharding.per_device_profile(traced, dataclasses.replace(prof, chain=chain), flat)
-    chain = prof.chain
-    fixed = (_sharding.tree_device_bytes((params, batch, arrays))
-             + _sharding.tree_device_bytes(params, floats_only=True))
-  return ChainPlanner(chain, prof.buffers, fixed, scans)

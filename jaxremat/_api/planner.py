@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+import jax
+from jaxremat._api import checks
 from jaxremat._backends.estimate import estimate_temp_bytes
-from jaxremat._backends.profile import Buffers
+from jaxremat._backends.graph_profile import profile_graph
+from jaxremat._backends.profile import Buffers, profile
 from jaxremat._backends.refine import MAX_LAYERS as MAX_REFINE_LAYERS
 from jaxremat._backends.refine import neighbours, refine
-from jaxremat._errors import InfeasibleBudgetError, InvalidBudgetError, NotAChainError
+from jaxremat._errors import (InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError,
+                              NotAChainError)
+from jaxremat._jaxpr import scan as _scan
+from jaxremat._jaxpr import sharding as _sharding
 from jaxremat._jaxpr.scan import ScanPlan
+from jaxremat._jaxpr.trace import TracedChain, split_kwargs
 from jaxremat._model.chain import Chain, Plan, recompute_flops, validate_plan
 from jaxremat._model.graph import GraphChain, graph_peak_bytes, graph_recompute_flops
 from jaxremat._model.simulate import simulate_peak_bytes
@@ -212,6 +221,34 @@ class GraphPlanner:
 
 
 Planner = ChainPlanner | GraphPlanner
+
+
+def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, batch: Any,
+             model_kwargs: dict[str, Any], calibrate: bool, platform: str | None) -> Planner:
+  """Profiles the traced layers into the planner for their structure (chain or graph), as
+  XLA on ``platform`` (default: the local backend) keeps them."""
+  arrays, _, _ = split_kwargs(model_kwargs)
+  fixed = checks.fixed_bytes(params, batch, arrays)
+  if platform and _sharding.is_sharded((params, batch, arrays)):
+    raise InvalidArgumentError(
+        "a target= plans for one GPU; pass unsharded params and batch (or "
+        "jax.ShapeDtypeStructs of one device's shapes).")
+  if traced.not_a_chain is not None:  # traced.is_graph
+    if _sharding.is_sharded((params, batch, arrays)):
+      raise NotAChainError(
+          f"{traced.not_a_chain} jaxremat plans such a model as a graph, which does not "
+          "take sharded inputs yet; pass unsharded params and batch.")
+    return GraphPlanner(profile_graph(traced, calibrate=calibrate, platform=platform), fixed,
+                        traced.not_a_chain)
+  prof = profile(traced, calibrate=calibrate, backend=platform)
+  chain = _scan.with_workspace(prof.chain, scans) if scans else prof.chain
+  if _sharding.is_sharded((params, batch, arrays)):  # bytes per device from here on
+    flat = jax.tree_util.tree_leaves((params, batch, arrays))
+    prof = _sharding.per_device_profile(traced, dataclasses.replace(prof, chain=chain), flat)
+    chain = prof.chain
+    fixed = (_sharding.tree_device_bytes((params, batch, arrays))
+             + _sharding.tree_device_bytes(params, floats_only=True))
+  return ChainPlanner(chain, prof.buffers, fixed, scans)
 
 
 def fmt_bytes(num_bytes: int) -> str:

@@ -32,6 +32,7 @@ class Remat:
       chain), in order.
     decomposition: which layers ``apply`` found and why (the root module's children, the
       ones it split into their own children, or an explicit ``layer_depth``).
+    target: the GPU target the plan was made for (``apply(target=...)``), else None.
     stage_seconds: wall time of each stage of ``apply`` (seconds): ``trace``,
       ``profile``, ``solve``, ``compile`` (verification and budget fitting) and ``emit``.
   """
@@ -44,6 +45,7 @@ class Remat:
   verified: dict[tuple[int, ...], int] | None = None
   scans: tuple[ScanPlan, ...] = ()
   decomposition: str = ""
+  target: str | None = None
   stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
   _planner: Planner | None = dataclasses.field(default=None, repr=False)
 
@@ -121,6 +123,8 @@ class Remat:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     model = "model-G" if self.is_graph else "model-R"
+    if self.target:
+      lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")
     if self.decomposition:
       lines.append(f"layers: {self.decomposition}")
     lines.append(f"input x_0: {fmt_bytes(planner.input_bytes)}; fixed (params, batch, grads): "

@@ -11,10 +11,12 @@ from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.graph import GraphChain
 
 
-def profile_graph(traced: TracedChain, calibrate: bool = False) -> GraphChain:
+def profile_graph(traced: TracedChain, calibrate: bool = False,
+                  platform: str | None = None) -> GraphChain:
   """Bytes of every value crossing between layers, what each layer's backward saves, FLOPs.
 
-  ``traced`` comes from ``trace(..., graph=True)``. Values are the batch inputs the
+  ``traced`` is a traced graph (``traced.is_graph``); ``platform`` (default: JAX's
+  default backend) is the backend whose fusion rule says what XLA keeps. Values are the batch inputs the
   layers read (made by unit 0, no cotangent) and every layer output a later layer or the
   model's result reads. A layer's saved inputs and outputs are values (counted once
   however many layers save them); its other residuals are private bytes. With
@@ -53,7 +55,7 @@ def profile_graph(traced: TracedChain, calibrate: bool = False) -> GraphChain:
   for layer in layers:
     for v in layer.side_outputs:
       last[index[v]] = n + 1  # read by the loss, after the last layer
-  keep = backend_for().keep_rule()  # as XLA keeps them on JAX's default backend
+  keep = backend_for(platform).keep_rule()  # as XLA keeps them on that backend
   saved, private, flops, work = [], [], [], []
   for layer in layers:
     res = residuals(layer, layer.inputs, grad_invariants, differentiate_inputs=True, keep=keep)

@@ -247,4 +247,7 @@ def _resolve(target: Target | str) -> Target:
 
 
 def _options(target: Target, extra: Mapping[str, str | bool] | None) -> dict[str, str | bool]:
-  return {**dict(target.compiler_options), **dict(extra or {})}
+  """The target's options, then ``extra``; no HLO pass disabled unless ``extra`` says so:
+  a process-wide ``XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander`` (the CPU
+  advice) would leave barriers the GPU compiler cannot emit."""
+  return {"xla_disable_hlo_passes": "", **dict(target.compiler_options), **dict(extra or {})}
