@@ -94,7 +94,7 @@ def test_brute_a_refuses_long_chains():
 # --- dp ---------------------------------------------------------------------------------
 
 DP_BATCHES = 4
-DP_PER_BATCH = 1000  # 4000 seeded chains of 0..12 layers
+DP_PER_BATCH = 400  # 1600 seeded chains of 0..12 layers
 
 
 @pytest.mark.parametrize("batch", range(DP_BATCHES))
