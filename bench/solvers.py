@@ -177,6 +177,11 @@ def report(record: dict) -> str:
       "",
       f"Command: `{' '.join(record['command'])}`",
       "",
+      *([record["note"], ""] if record["note"] else []),
+      "Load average (1, 5, 15 min) before and after: "
+      + ", ".join(f"{tuple(round(x, 2) for x in record['load_average'][k])}"
+                  for k in ("before", "after")) + ".",
+      "",
       f"{device['cpu_model']} ({device['cpu_count']} cores), Python {device['python']}, "
       f"numpy {record['versions']['numpy']}, commit {git['commit']}"
       f"{' (dirty)' if git['dirty'] else ''}.",
@@ -198,6 +203,7 @@ def main(argv=None) -> int:
                       help="chain lengths to time (default: the full or --quick grid)")
   parser.add_argument("--methods", nargs="+", default=None,
                       help="methods to time (default: all, with stack); optimal always runs")
+  parser.add_argument("--note", default="", help="a line for the record (e.g. why a reduced grid)")
   parser.add_argument("--out", type=pathlib.Path, default=None,
                       help="JSON path, with a .md beside it (default: " + str(OUT.relative_to(ROOT))
                       + ")")
@@ -212,6 +218,7 @@ def main(argv=None) -> int:
   wanted = known if args.methods is None else {"optimal", *args.methods}
   methods = [m for m in METHOD_ORDER if m in wanted] + sorted(wanted - set(METHOD_ORDER))
   now = datetime.datetime.now(datetime.timezone.utc)
+  load_before = os.getloadavg()
 
   results = []
   for n in sizes:
@@ -248,6 +255,8 @@ def main(argv=None) -> int:
       "benchmark": "solvers",
       "date": now.isoformat(timespec="seconds"),
       "command": [sys.executable, *sys.argv] if argv is None else ["bench/solvers.py", *argv],
+      "note": args.note,
+      "load_average": {"before": load_before, "after": os.getloadavg()},
       **environment(),
       "config": {
           "quick": args.quick, "repeat": args.repeat, "seed": args.seed, "sizes": list(sizes),
