@@ -25,6 +25,7 @@ import json
 import os
 import pathlib
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -175,7 +176,7 @@ def report(record: dict) -> str:
   return "\n".join([
       f"# Solver timings, {record['date']}",
       "",
-      f"Command: `{' '.join(record['command'])}`",
+      f"Command: `{shlex.join(record['command'])}`",
       "",
       *([record["note"], ""] if record["note"] else []),
       "Load average (1, 5, 15 min) before and after: "
