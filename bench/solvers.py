@@ -25,6 +25,7 @@ import json
 import os
 import pathlib
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -72,14 +73,15 @@ def run_method(chain: Chain, method: str, **kwargs) -> Plan:
 
 
 def best_time(chain: Chain, method: str, repeat: int, **kwargs):
-  """The plan and the best wall time (seconds) of ``repeat`` runs, with every run."""
-  runs = []
+  """The plan, then the wall and CPU times (seconds) of ``repeat`` runs."""
+  wall, cpu = [], []
   plan = None
   for _ in range(repeat):
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     plan = run_method(chain, method, **kwargs)
-    runs.append(time.perf_counter() - start)
-  return plan, min(runs), runs
+    wall.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+  return plan, wall, cpu
 
 
 def cpu_model() -> str:
@@ -150,6 +152,11 @@ def markdown(results: list[dict], sizes, methods) -> str:
   for n in sizes:
     row = [fmt_time(cell[(m, n)]["best_s"]) if (m, n) in cell else "—" for m in methods]
     lines.append(f"| {n:,} | " + " | ".join(row) + " |")
+  lines += ["", "Best-of-runs CPU time (`time.process_time`; less sensitive to other load on "
+            "the machine):", "", head, rule]
+  for n in sizes:
+    row = [fmt_time(cell[(m, n)]["best_cpu_s"]) if (m, n) in cell else "—" for m in methods]
+    lines.append(f"| {n:,} | " + " | ".join(row) + " |")
   lines += ["", "Peak bytes (model R) relative to `optimal`:", "", head, rule]
   for n in sizes:
     row = [f"{cell[(m, n)]['peak_vs_optimal']:.3f}" if (m, n) in cell else "—" for m in methods]
@@ -169,7 +176,12 @@ def report(record: dict) -> str:
   return "\n".join([
       f"# Solver timings, {record['date']}",
       "",
-      f"Command: `{' '.join(record['command'])}`",
+      f"Command: `{shlex.join(record['command'])}`",
+      "",
+      *([record["note"], ""] if record["note"] else []),
+      "Load average (1, 5, 15 min) before and after: "
+      + ", ".join(f"{tuple(round(x, 2) for x in record['load_average'][k])}"
+                  for k in ("before", "after")) + ".",
       "",
       f"{device['cpu_model']} ({device['cpu_count']} cores), Python {device['python']}, "
       f"numpy {record['versions']['numpy']}, commit {git['commit']}"
@@ -192,6 +204,7 @@ def main(argv=None) -> int:
                       help="chain lengths to time (default: the full or --quick grid)")
   parser.add_argument("--methods", nargs="+", default=None,
                       help="methods to time (default: all, with stack); optimal always runs")
+  parser.add_argument("--note", default="", help="a line for the record (e.g. why a reduced grid)")
   parser.add_argument("--out", type=pathlib.Path, default=None,
                       help="JSON path, with a .md beside it (default: " + str(OUT.relative_to(ROOT))
                       + ")")
@@ -206,6 +219,7 @@ def main(argv=None) -> int:
   wanted = known if args.methods is None else {"optimal", *args.methods}
   methods = [m for m in METHOD_ORDER if m in wanted] + sorted(wanted - set(METHOD_ORDER))
   now = datetime.datetime.now(datetime.timezone.utc)
+  load_before = os.getloadavg()
 
   results = []
   for n in sizes:
@@ -219,13 +233,15 @@ def main(argv=None) -> int:
       if method in BUDGET_SOLVERS:
         optimum = peak_bytes(chain, solve(chain, "optimal"))
         kwargs["budget_bytes"] = int(args.budget_factor * optimum)
-      plan, best, runs = best_time(chain, method, args.repeat, **kwargs)
+      plan, runs, cpu_runs = best_time(chain, method, args.repeat, **kwargs)
+      best = min(runs)
       peak = peak_bytes(chain, plan)
       flops = recompute_flops(chain, plan)
       if method == "optimal":
         optimal_peak, optimal_flops = peak, flops
       results.append({
           "method": method, "n": n, "best_s": best, "runs_s": runs,
+          "best_cpu_s": min(cpu_runs), "runs_cpu_s": cpu_runs,
           "num_checkpoints": len(plan.checkpoints), "peak_bytes": peak,
           "peak_vs_optimal": peak / optimal_peak if optimal_peak else None,
           "recompute_flops": flops,
@@ -240,10 +256,13 @@ def main(argv=None) -> int:
       "benchmark": "solvers",
       "date": now.isoformat(timespec="seconds"),
       "command": [sys.executable, *sys.argv] if argv is None else ["bench/solvers.py", *argv],
+      "note": args.note,
+      "load_average": {"before": load_before, "after": os.getloadavg()},
       **environment(),
       "config": {
           "quick": args.quick, "repeat": args.repeat, "seed": args.seed, "sizes": list(sizes),
-          "methods": methods, "limits": limits, "timer": "time.perf_counter, best of repeat",
+          "methods": methods, "limits": limits,
+          "timer": "time.perf_counter (wall) and time.process_time (CPU), best of repeat",
           "budget_factor": args.budget_factor,
           "chain": "act_bytes, res_bytes uniform integers in [1, 2^24), flops uniform in "
                    "[1, 2^30), seed = seed + n; cot_bytes = act_bytes, no refinements",

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from jaxremat import Chain, Plan, peak_bytes, solve
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat.solvers._budget import least_last_checkpoint
-from jaxremat.solvers._optimal import (least_last, least_peak_checkpoints, least_peak_choices,
-                                       least_peak_plan, least_peak_value)
+from jaxremat.solvers._optimal import (cheapest_last, least_last, least_peak_checkpoints,
+                                       least_peak_choices, least_peak_plan, least_peak_value)
 from jaxremat.solvers._terms import _terms_exact, plan_from_choices, terms
 
 from oracles import (POOLS, all_plans, former_budget, former_optimal,  # noqa: E402
@@ -109,6 +109,13 @@ def test_zero_one_and_two_layers():
       t = terms(chain)
       for budget in budgets(chain):
         assert least_last(t, chain.act_bytes, budget) == least_last_checkpoint(chain, budget)
+
+
+def test_cheapest_last_runs_over_zero_flops():
+  flops = [1, 0, 0, 2, 0]  # f_1..f_5
+  assert [cheapest_last(flops, last) for last in range(5)] == [0, 3, 3, 3, 4]
+  assert cheapest_last([0, 0, 0], 0) == 2  # never past n - 1
+  assert cheapest_last([7], 0) == 0
 
 
 def test_all_ties():

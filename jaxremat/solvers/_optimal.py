@@ -93,10 +93,10 @@ def least_last(t: Terms, a: Sequence[int], budget_bytes: int) -> int | None:
   ``a_r + min D(l)`` over the candidates ``l < r`` whose segment fits:
   ``D(l) - c[l] + M(l, r) <= budget``. As ``r`` grows ``M(l, r)`` does not shrink, so
   a candidate that stops fitting never fits again and is dropped for good; and a
-  candidate ``l`` is dominated by a later ``l'`` with ``D(l') <= D(l)`` (``c[l'] >=
-  c[l]`` and ``M(l', r) <= M(l, r)``: ``l'`` fits whenever ``l`` does), so it is
-  dropped as ``l'`` arrives. The candidates left have non-decreasing ``D`` from front to
-  back and the front, once it fits, is the least ``D`` that fits. Its ``M(front, r)``
+  candidate ``l`` with ``D(l) > D(l')`` for a later ``l'`` is dominated (``c[l'] >= c[l]``
+  and ``M(l', r) <= M(l, r)``: ``l'`` fits whenever ``l`` does), so it is dropped as
+  ``l'`` arrives. The candidates left have non-decreasing ``D`` from front to back and
+  the front, once it fits, is the least ``D`` that fits. Its ``M(front, r)``
   is a running maximum; when the front goes, the next one's ``M`` is the head of a
   monotone deque of the maxima of ``h`` over ``(front, r]``, a window whose two ends
   only move right. Every index enters and leaves each deque once: O(n). The answer is
