@@ -1,5 +1,5 @@
 """Independent oracles shared by the solver and chain tests: model R written out
-literally from DESIGN.md, plan enumeration and seeded random chains."""
+literally from docs/design.md, plan enumeration and seeded random chains."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ POOLS = (
 
 
 def literal_peak(a, b, g, e, w, checkpoints):
-  """Model R straight from DESIGN.md, 1-based: max over segments (l, r], i in (l, r].
+  """Model R straight from docs/design.md, 1-based: max over segments (l, r], i in (l, r].
 
   Live at layer i of segment (l, r]: sum of a_c over c in C ∪ {0} with c <= l, plus
   b_{l+1} + ... + b_i, less e_{l+1}, plus w_i + g_i + g_{i-1}.

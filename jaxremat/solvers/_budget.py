@@ -36,7 +36,7 @@ def budget_as_int(budget_bytes: object) -> int | None:
 def least_last_checkpoint(chain: Chain, budget_bytes: int) -> int | None:
   """The least ``L`` such that a plan with checkpoints ``<= L`` peaks at most ``budget_bytes``.
 
-  The left-to-right O(n^2) DP of DESIGN.md, kept as the reference for
+  The left-to-right O(n^2) DP of docs/design.md, kept as the reference for
   ``_optimal.least_last`` (the same DP in O(n)). ``D(r)``, the least held sum
   ``sum_{c in C u {0}, c <= r} a_c`` over plans of the layers ``1..r`` that keep
   ``x_r`` and stay within budget, is ``a_r + min D(l)`` over the ``l < r`` with
