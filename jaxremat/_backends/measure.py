@@ -46,12 +46,12 @@ def default_compiler_options(backend: str | None = None) -> dict[str, str | bool
 
 
 def memory_stats(compiled: Any) -> Any:
-  """``compiled.memory_analysis()``, or an error naming the backend that gives none."""
+  """``compiled.memory_analysis()``, or an error when the compiler gives none."""
   stats = compiled.memory_analysis()
   if stats is None:
     raise UnsupportedModelError(
-        f"XLA's {jax.default_backend()} backend reports no memory statistics for the "
-        "compiled step, so jaxremat cannot measure it.")
+        "XLA reports no memory statistics for the compiled step on this backend, so "
+        "jaxremat cannot measure it.")
   return stats
 
 
@@ -68,19 +68,22 @@ def compile_footprint(
   with keeping_barriers():  # traced for a compile that keeps them
     lowered = jax.jit(fn).lower(*args)
   compiled = lowered.compile(compiler_options=options or None)
-  stats = memory_stats(compiled)
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None
+  return footprint_of(compiled, float((cost or {}).get("flops", 0.0)), backend, options)
+
+
+def footprint_of(compiled: Any, flops: float, backend: str,
+                 options: Mapping[str, str | bool]) -> Footprint:
+  """The ``Footprint`` of a compiled program from its memory statistics (``memory_stats``)."""
+  stats = memory_stats(compiled)
   return Footprint(
       argument_bytes=int(stats.argument_size_in_bytes),
       output_bytes=int(stats.output_size_in_bytes),
       temp_bytes=int(stats.temp_size_in_bytes),
       alias_bytes=int(stats.alias_size_in_bytes),
-      flops=float((cost or {}).get("flops", 0.0)),
-      backend=backend,
-      compiler_options=options,
-  )
+      flops=flops, backend=backend, compiler_options=options)
 
 
 def check_scalar_loss(out: Any) -> None:

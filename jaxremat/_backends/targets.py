@@ -23,8 +23,8 @@ from typing import Any
 import jax
 import jaxlib
 
-from jaxremat._backends.measure import Footprint
-from jaxremat._errors import InvalidArgumentError, TargetUnavailableError, UnsupportedModelError
+from jaxremat._backends.measure import Footprint, footprint_of
+from jaxremat._errors import InvalidArgumentError, TargetUnavailableError
 
 #: Options that matched the recorded H100 runs best: without autotuning (which needs the
 #: device) XLA would pick Triton for matmuls that the measured run gave to cuBLAS.
@@ -220,23 +220,12 @@ def target_footprint(fn: Callable[..., Any], args: tuple[Any, ...], target: Targ
   """
   resolved = _resolve(target)
   compiled = compile_on_target(fn, args, resolved, compiler_options)
-  stats = compiled.memory_analysis()
-  if stats is None:
-    raise UnsupportedModelError(
-        f"XLA reports no memory statistics for the step compiled for {resolved.name}.")
   local = jax.tree_util.tree_map(  # the same arguments, unplaced: lowered for this machine
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
       abstract(args, target_device(resolved)))
   cost = jax.jit(fn).lower(*local).cost_analysis()
-  return Footprint(
-      argument_bytes=int(stats.argument_size_in_bytes),
-      output_bytes=int(stats.output_size_in_bytes),
-      temp_bytes=int(stats.temp_size_in_bytes),
-      alias_bytes=int(stats.alias_size_in_bytes),
-      flops=float((cost or {}).get("flops", 0.0)),
-      backend="gpu",
-      compiler_options=_options(resolved, compiler_options),
-  )
+  return footprint_of(compiled, float((cost or {}).get("flops", 0.0)), "gpu",
+                      _options(resolved, compiler_options))
 
 
 def _resolve(target: Target | str) -> Target:
