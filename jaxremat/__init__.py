@@ -1,5 +1,6 @@
 """jaxremat: optimal gradient checkpointing for JAX and Flax, proved with XLA's statistics."""
 
+from jaxremat._api.advice import CoarseLayersWarning as CoarseLayersWarning
 from jaxremat._api.apply import apply as apply
 from jaxremat._api.compile import RematUndoneWarning as RematUndoneWarning
 from jaxremat._api.compile import jit as jit
@@ -41,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = (
     "Chain",
     "ChainTooLongError",
+    "CoarseLayersWarning",
     "EmptyModelError",
     "Footprint",
     "GraphChain",

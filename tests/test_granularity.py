@@ -150,3 +150,36 @@ def test_footprint_matches_per_block_remat_and_best_uniform(name):
   uniform = {k: rm.footprint(case, rm.apply(case, model, variables, plan=uniform_plan(n, k)).fn,
                            model, variables) for k in range(1, n)}
   assert default <= min(uniform.values()), (default, uniform)
+
+
+class _Block(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + nn.Dense(x.shape[-1])(nn.gelu(nn.Dense(256)(nn.LayerNorm()(x))))
+
+
+class _Body(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for _ in range(6):
+      x = _Block()(x)
+    return x
+
+
+class _Wrapped(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(4)(_Body()(nn.Dense(64)(x)))
+
+
+def test_a_coarse_plan_warns_with_the_granularity_that_saves_more():
+  """layer_depth=1 leaves one layer with nearly all residuals: the plan saves little and
+  apply says which layer_depth plans inside it; the default finds finer layers and saves
+  more, without the warning."""
+  x = jnp.ones((64, 16))
+  model = _Wrapped()
+  params = model.init(jax.random.key(0), x)
+  with pytest.warns(jaxremat.CoarseLayersWarning, match=r"'_Body_0' holds \d+% .*layer_depth=2"):
+    coarse = jaxremat.apply(model.apply, params, x, layer_depth=1, verify=False)
+  fine = jaxremat.apply(model.apply, params, x, verify=False)
+  assert fine.predicted_total_bytes < coarse.predicted_total_bytes

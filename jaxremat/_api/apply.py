@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxremat._api import checks
+from jaxremat._api.advice import warn_if_coarse
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
 from jaxremat._api.measure import measure
@@ -130,8 +131,11 @@ def apply(
     planner = make_planner(traced, scans, params, batch, model_kwargs, calibrate,
                            "gpu" if resolved else None)
   measure_plan = lambda p: measured(p, traced, scans)  # noqa: E731
+  chosen = plan is None
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
+  if chosen:
+    warn_if_coarse(planner, plan)
   with clock("emit"):
     fn = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
   return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],

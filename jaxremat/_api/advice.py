@@ -1,0 +1,38 @@
+"""Warnings that say when a plan saves little and what would save more."""
+
+from __future__ import annotations
+
+import warnings
+
+from jaxremat._api.planner import Planner
+from jaxremat._model.chain import Plan
+
+#: A plan saving less than this fraction of the no-remat footprint saves little.
+LITTLE = 0.10
+#: A layer holding more than this fraction of the residual bytes hides the others.
+DOMINANT = 0.5
+
+
+class CoarseLayersWarning(UserWarning):
+  """One layer holds most of what the backward pass keeps, so the plan saves little."""
+
+
+def warn_if_coarse(planner: Planner, plan: Plan) -> None:
+  """Warns (``CoarseLayersWarning``) when ``plan`` saves under ``LITTLE`` of the predicted
+  footprint without remat while one layer holds over ``DOMINANT`` of the residual bytes:
+  checkpoints at layer boundaries cannot reach inside it, a finer granularity can."""
+  res = planner.chain.res_bytes
+  none = planner.total_bytes(Plan(()))
+  if not res or sum(res) <= 0 or none <= 0:
+    return
+  saving = 1 - planner.total_bytes(plan) / none
+  k = max(range(len(res)), key=res.__getitem__)
+  share = res[k] / sum(res)
+  if saving < LITTLE and share > DOMINANT:
+    name = planner.chain.names[k]
+    warnings.warn(CoarseLayersWarning(
+        f"jaxremat: the plan saves {saving:.0%} of the step's predicted footprint because "
+        f"layer {name!r} holds {share:.0%} of the residual bytes and checkpoints fall "
+        f"between layers only. Pass layer_depth={name.count('/') + 2} to plan its "
+        "submodules as layers, or group its inner blocks into modules called one after "
+        "the other."), stacklevel=3)
