@@ -2,7 +2,7 @@
 
     python bench/budget.py [--out bench/results/budget-cpu/budget.md]
 
-For each CPU-sized zoo model (bench/memory.py), B is set to 50% and 75% of the way from
+For each CPU-sized zoo model (the "cpu" models of jaxremat/zoo_registry.py), B is set to 50% and 75% of the way from
 the least footprint jaxremat reaches to the no-remat footprint (both XLA-measured).
 """
 
@@ -15,7 +15,7 @@ import jax
 
 import jaxremat
 from jaxremat._api.loss import training_loss
-from memory import models
+from jaxremat.zoo_registry import tagged
 
 
 def main() -> int:
@@ -25,7 +25,8 @@ def main() -> int:
   lines = [f"jax {jax.__version__}, backend {jax.default_backend()}", "",
            "| model | budget bytes | XLA-measured bytes | within | checkpoints | compiles |",
            "|---|---|---|---|---|---|"]
-  for name, (model, x, kwargs) in models().items():
+  for spec in tagged("cpu"):
+    name, model, x, kwargs = spec.name, spec.build(), spec.example(), spec.apply_kwargs()
     params = model.init({"params": jax.random.key(0), **kwargs.get("rngs", {})}, x)
     none = jaxremat.measure(training_loss(model.apply, kwargs), params, x).total_bytes
     best = jaxremat.apply(model.apply, params, x, verify=True, **kwargs)

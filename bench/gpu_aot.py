@@ -37,7 +37,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts: the CUDA plugin needs it
-from bench.gpu_validate import STRATEGIES, model_input, models, scalar_loss
+from bench.gpu_validate import STRATEGIES, models
 from jaxremat._backends.targets import GPU_AOT_OPTIONS
 
 RECORDED = os.path.join(ROOT, "bench", "results", "gpu-h100", "compile-only.json")
@@ -68,11 +68,12 @@ def worker(spec: dict) -> list:
   import jax.numpy as jnp
 
   import jaxremat
-  from jaxremat import zoo  # noqa: F401  (used by eval of the builder)
+  from jaxremat import zoo_registry
+  from jaxremat._api.loss import training_loss
   from jaxremat._backends import targets
 
-  model = eval(spec["builder"])  # builders are the literals in gpu_validate.models()
-  x = model_input(spec["shape"], spec["dtype"])
+  entry = zoo_registry.get(spec["model"])
+  model, x = entry.build(), entry.example()
   shapes = jax.eval_shape(model.init, jax.random.key(0), x)
   params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   kwargs = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
@@ -84,7 +85,7 @@ def worker(spec: dict) -> list:
       start = time.perf_counter()
       fn = jaxremat.apply(model.apply, params, x, plan=jaxremat.Plan(checkpoints=key),
                           **kwargs).fn
-      compiled = targets.compile_on_target(jax.grad(scalar_loss(fn, kwargs)), (params, x), "h100",
+      compiled = targets.compile_on_target(jax.grad(training_loss(fn, kwargs)), (params, x), "h100",
                                            NO_XLA_REMAT)
       mem = compiled.memory_analysis()
       parts = [mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.temp_size_in_bytes,
@@ -180,7 +181,7 @@ def main() -> int:
           "recorded": {"file": os.path.relpath(args.recorded, ROOT), "dumps": args.dumps,
                        **{k: recorded["meta"].get(k) for k in ("date", "versions", "device")}}}
   rows, not_run = [], []
-  for name, (builder, shape, dtype, _) in models(quick=False).items():
+  for name in models(quick=False):
     if args.only and name not in args.only.split(","):
       continue
     mine = [r for r in recorded["results"] if r["model"] == name and r["strategy"] in STRATEGIES]
@@ -188,7 +189,7 @@ def main() -> int:
     if not mine or left < 30:
       not_run.append(name if mine else f"{name} (no recorded rows)")
       continue
-    spec = {"builder": builder, "shape": shape, "dtype": dtype,
+    spec = {"model": name,
             "plans": [(r["strategy"], r["checkpoints"]) for r in mine]}
     result = run_model(spec, timeout=left)
     if isinstance(result, dict):

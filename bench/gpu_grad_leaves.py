@@ -14,29 +14,26 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp  # noqa: F401  (used by eval of the builders)
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jaxremat  # noqa: E402
-from jaxremat import zoo  # noqa: E402,F401  (used by eval of the builders)
-from gpu_validate import model_input, models, scalar_loss  # noqa: E402
+from jaxremat import zoo_registry  # noqa: E402
+from jaxremat._api.loss import training_loss  # noqa: E402
 
-#: Printed label -> model of gpu_validate.models().
+#: Printed label -> "gpu" model of jaxremat/zoo_registry.py.
 CASES = {"vit": "vit-d384-L12-b256", "gpt": "gpt-d512-L8-b8-s1024"}
 
 
 def main() -> None:
-  specs = models(quick=False)
   for name, model_name in CASES.items():
-    builder, shape, dtype, kwargs = specs[model_name]
-    model = eval(builder)  # builders are the literals of gpu_validate.models()
-    x = model_input(shape, dtype)
+    entry = zoo_registry.get(model_name)
+    model, x, kwargs = entry.build(), entry.example(), entry.apply_kwargs()
     params = model.init(jax.random.key(0), x)
     r = jaxremat.apply(model.apply, params, x, **kwargs)
     remat = jaxremat.apply(model.apply, params, x, plan=jaxremat.solve(r.chain, "every-layer"), **kwargs).fn
-    want = jax.jit(jax.grad(scalar_loss(model.apply, kwargs)))(params, x)
-    got = jax.jit(jax.grad(scalar_loss(remat, kwargs)))(params, x)
+    want = jax.jit(jax.grad(training_loss(model.apply, kwargs)))(params, x)
+    got = jax.jit(jax.grad(training_loss(remat, kwargs)))(params, x)
     rows = []
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree_util.tree_leaves(got)):
       a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

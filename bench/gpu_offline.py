@@ -18,24 +18,16 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp  # noqa: F401  (used by eval of the builders)
+import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jaxremat  # noqa: E402
-from jaxremat import zoo  # noqa: E402,F401  (zoo: used by eval of the builders)
+from jaxremat import zoo_registry  # noqa: E402
 from jaxremat._api import apply as _api  # noqa: E402
 from jaxremat._backends import profile as _profile  # noqa: E402
 from jaxremat._model.chain import Plan  # noqa: E402
-from gpu_validate import model_input, models  # noqa: E402
-
-
-#: Models of earlier GPU runs at other batch sizes (the 2026-11-22 H100 runs, in git history:
-#: bench/results/gpu-h100-2026-11-22-run1 at commit 929b4fa).
-EARLIER = {
-    "vgg16-b128-32px": ("zoo.vgg('vgg16')", (128, 32, 32, 3), "float32", {}),
-    "resnet18-b256-32px": ("zoo.resnet((2, 2, 2, 2))", (256, 32, 32, 3), "float32", {}),
-}
+from gpu_validate import models  # noqa: E402
 
 
 def main() -> int:
@@ -49,7 +41,7 @@ def main() -> int:
   args = parser.parse_args()
   recorded = json.load(open(args.results))
   _api.profile = functools.partial(_profile.profile, backend=args.backend)
-  specs = {**models(quick=False), **EARLIER}
+  specs = {**models(quick=False), **{m.name: m for m in zoo_registry.tagged("gpu-earlier")}}
   lines = ["| model | strategy | predicted MiB (GPU model) | XLA compiled MiB (GPU) | error |", "|---|---|---|---|---|"]
   errors = []
   plans = ["| model | plan apply picks here with this profile (on a GPU, ties may break otherwise) | predicted MiB |",
@@ -57,9 +49,7 @@ def main() -> int:
   for name in dict.fromkeys(row["model"] for row in recorded["results"]):
     if name not in specs or (args.models and name not in args.models.split(",")):
       continue
-    builder, shape, dtype, _ = specs[name]
-    model = eval(builder)  # builders are the literals of gpu_validate.models()
-    x = model_input(shape, dtype)
+    model, x = specs[name].build(), specs[name].example()
     abstract = jax.eval_shape(model.init, jax.random.key(0), x)
     params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
     kwargs = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}

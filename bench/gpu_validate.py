@@ -36,64 +36,30 @@ RUN_STRATEGIES = (*STRATEGIES, *(f"xla-remat-{f}" for f in XLA_REMAT_FRACTIONS))
 
 
 def models(quick: bool) -> dict:
-  """name -> (builder source, input shape, input dtype, apply kwargs)."""
-  if quick:
-    return {
-        "vgg11-w0.25-b8": ("zoo.vgg('vgg11', width=0.25)", (8, 32, 32, 3), "float32", {}),
-        "mlp-uneven": ("zoo.mlp([256, 1024, 128, 2048, 64, 10])", (64, 128), "float32", {}),
-    }
-  return {
-      "resnet18-b1024-32px": ("zoo.resnet((2, 2, 2, 2))", (1024, 32, 32, 3), "float32",
-                              {"mutable": ["batch_stats"]}),
-      "vgg16-b512-32px": ("zoo.vgg('vgg16')", (512, 32, 32, 3), "float32", {}),
-      "mlp-uneven-b4096": ("zoo.mlp([4096, 16384, 2048, 16384, 1024, 8192, 1000])", (4096, 1024), "float32", {}),
-      "vgg16-bf16-b512": ("zoo.vgg('vgg16', dtype=jnp.bfloat16)", (512, 32, 32, 3), "bfloat16", {}),
-      "vgg11-b32-224px": ("zoo.vgg('vgg11', num_classes=1000, hidden=4096)", (32, 224, 224, 3), "float32", {}),
-      "vit-d384-L12-b256": ("zoo.vit(patch=4, dim=384, depth=12, num_heads=6)", (256, 32, 32, 3), "float32", {}),
-      "gpt-d512-L8-b8-s1024": ("zoo.gpt(vocab_size=8192, max_len=1024, dim=512, depth=8, num_heads=8)",
-                               (8, 1024), "int32", {}),
-  }
-
-
-def scalar_loss(fn, kwargs: dict):
-  """``mean(out ** 2)`` of the model's (first) output, in float32."""
-  import jax.numpy as jnp  # noqa: F401  (used by eval of the builder)
-
-  def loss(p, x):
-    out = fn(p, x, **kwargs)
-    out = out[0] if isinstance(out, tuple) else out
-    return jnp.mean(jnp.square(out.astype(jnp.float32)))
-  return loss
-
-
-def model_input(shape, dtype: str):
-  """A random batch: normal floats, or integer tokens below 256 (every zoo vocabulary)."""
-  import jax
-  if dtype.startswith("int"):
-    return jax.random.randint(jax.random.key(1), shape, 0, 256).astype(dtype)
-  return jax.random.normal(jax.random.key(1), shape).astype(dtype)
+  """name -> model of jaxremat/zoo_registry.py: its "gpu" models (``quick``: "gpu-quick")."""
+  from jaxremat import zoo_registry
+  return {m.name: m for m in zoo_registry.tagged("gpu-quick" if quick else "gpu")}
 
 
 def worker(spec: dict) -> dict:
   """One configuration in this process: compile, run, read the allocator's peak."""
   sys.path.insert(0, ROOT)
   import jax
-  import jax.numpy as jnp  # noqa: F401  (used by eval of the builder)
   import numpy as np
 
   import jaxremat
-  from jaxremat import zoo  # noqa: F401  (used by eval of the builder)
+  from jaxremat import zoo_registry
+  from jaxremat._api.loss import training_loss
   from jaxremat._backends.measure import default_compiler_options
 
-  builder, shape, dtype, kwargs = spec["builder"], spec["shape"], spec["dtype"], spec["kwargs"]
-  model = eval(builder)  # builders are the literals in models() above
-  x = model_input(shape, dtype)
+  entry = zoo_registry.get(spec["model"])
+  model, x, kwargs = entry.build(), entry.example(), entry.apply_kwargs()
   params = model.init(jax.random.key(0), x)
   if "batch_stats" in params and "mutable" not in kwargs:
     kwargs = {"mutable": ["batch_stats"]}
 
   def loss_of(fn):
-    return scalar_loss(fn, kwargs)
+    return training_loss(fn, kwargs)
 
   out: dict = {"device": str(jax.devices()[0].device_kind), "backend": jax.default_backend()}
   r = jaxremat.apply(model.apply, params, x, **kwargs)
@@ -166,18 +132,18 @@ def compile_only(spec: dict) -> list:
   """Every strategy of one model in this process: XLA's compiled footprint only, no run."""
   sys.path.insert(0, ROOT)
   import jax
-  import jax.numpy as jnp  # noqa: F401  (used by eval of the builder)
 
   import jaxremat
-  from jaxremat import zoo  # noqa: F401  (used by eval of the builder)
+  from jaxremat import zoo_registry
+  from jaxremat._api.loss import training_loss
 
-  model = eval(spec["builder"])
-  x = model_input(spec["shape"], spec["dtype"])
+  entry = zoo_registry.get(spec["model"])
+  model, x = entry.build(), entry.example()
   params = model.init(jax.random.key(0), x)
   kwargs = {"mutable": ["batch_stats"]} if "batch_stats" in params else {}
 
   def loss_of(fn):
-    return scalar_loss(fn, kwargs)
+    return training_loss(fn, kwargs)
 
   def compiled_bytes(fn, options, name=None):
     if spec.get("dump") and name:  # XLA's buffer assignment of this step, for offline reading
@@ -297,15 +263,14 @@ def main() -> int:
           "versions": versions(), "host": platform.node()}
   import jax
   on_gpu = jax.default_backend() == "gpu"
-  for name, (builder, shape, dtype, kwargs) in models(args.quick).items():
+  for name in models(args.quick):
     if args.only and name not in args.only.split(","):
       continue
     if args.compile_only:
       left = args.budget_seconds - (time.time() - start)
       if left < 20:
         break
-      spec = {"builder": builder, "shape": shape, "dtype": dtype, "compile_only": True,
-              "calibrate": args.calibrate}
+      spec = {"model": name, "compile_only": True, "calibrate": args.calibrate}
       if args.dump:
         spec["dump"] = os.path.join(os.path.abspath(args.dump), name)
       rows = run_one(spec, timeout=min(left, 300))
@@ -319,8 +284,7 @@ def main() -> int:
       for strategy in ("none", "optimal"):
         if args.budget_seconds - (time.time() - start) < 60:
           break
-        run_one({"builder": builder, "shape": shape, "dtype": dtype, "kwargs": kwargs,
-                 "strategy": strategy}, timeout=120, autotune_cache=cache)
+        run_one({"model": name, "strategy": strategy}, timeout=120, autotune_cache=cache)
     for strategy in RUN_STRATEGIES:
       if strategy not in chosen:
         continue
@@ -330,7 +294,7 @@ def main() -> int:
         continue
       if strategy.startswith("xla-remat") and (not optimal_bytes or not on_gpu):
         continue  # XLA's rematerialisation pass exists only on GPU
-      spec = {"builder": builder, "shape": shape, "dtype": dtype, "kwargs": kwargs, "strategy": strategy}
+      spec = {"model": name, "strategy": strategy}
       if strategy.startswith("xla-remat"):
         spec["target_bytes"] = int(optimal_bytes * float(strategy.rsplit("-", 1)[1]))
       row = {"model": name, "strategy": strategy, **run_one(spec, timeout=min(left, 240), autotune_cache=cache)}

@@ -17,21 +17,21 @@ import sys
 import jax
 
 import jaxremat
+from jaxremat import zoo_registry
 
 sys.path.insert(0, os.path.dirname(__file__))
 import live_peak  # noqa: E402  (bench/live_peak.py: a plan's step and its temp values)
-import memory  # noqa: E402  (bench/memory.py: the zoo models and their batches)
 import xla_heap  # noqa: E402  (bench/xla_heap.py: XLA's heap replayed)
 
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("model", help="a bench/memory.py model name")
+  parser.add_argument("model", help="a bench/memory.py model name (a \"cpu\" model of jaxremat/zoo_registry.py)")
   parser.add_argument("checkpoints", help="the plan's checkpoints, comma-separated")
   args = parser.parse_args()
   if jax.default_backend() != "cpu":
     parser.error("the dumps are read as XLA's CPU backend writes them; run on CPU")
-  spec = {m.name: m for m in memory.MODELS}[args.model]
+  spec = zoo_registry.get(args.model)
   model, x, params = spec.instantiate()
   plan = jaxremat.Plan(tuple(int(c) for c in args.checkpoints.split(",") if c))
   footprint, values = live_peak.measure_plan(spec, model, params, x, plan)

@@ -29,17 +29,17 @@ import jax
 
 import jaxremat
 from jaxremat._api.loss import training_loss
+from jaxremat.zoo_registry import BenchModel, tagged
 
 sys.path.insert(0, os.path.dirname(__file__))
-import memory  # noqa: E402  (bench/memory.py: the zoo models and their batches)
 import xla_heap  # noqa: E402  (bench/xla_heap.py: a dump's temp values, XLA's heap replayed)
 
 
-def measure_plan(spec: memory.ZooModel, model, params, x, plan: jaxremat.Plan):
+def measure_plan(spec: BenchModel, model, params, x, plan: jaxremat.Plan):
   """``(Footprint, temp values)`` of ``plan``'s gradient step on ``spec``'s model
   (``xla_heap.measure_with_temp_values`` of the benchmark's loss)."""
-  fn = jaxremat.apply(model.apply, params, x, plan=plan, **spec.kwargs).fn
-  return xla_heap.measure_with_temp_values(training_loss(fn, spec.kwargs), params, x)
+  fn = jaxremat.apply(model.apply, params, x, plan=plan, **spec.apply_kwargs()).fn
+  return xla_heap.measure_with_temp_values(training_loss(fn, spec.apply_kwargs()), params, x)
 
 
 def main() -> int:
@@ -54,14 +54,14 @@ def main() -> int:
     recorded = [r for r in json.load(f)["rows"]
                 if r["checkpoints"] is not None and r["predicted_bytes"] is not None]
   wanted = set(args.models.split(",")) if args.models else None
-  specs = {m.name: m for m in memory.MODELS}
+  specs = {m.name: m for m in tagged("cpu")}
   rows = []
   for name in dict.fromkeys(r["model"] for r in recorded):
     if wanted is not None and name not in wanted:
       continue
     spec = specs[name]
     model, x, params = spec.instantiate()
-    base = jaxremat.apply(model.apply, params, x, **spec.kwargs)
+    base = jaxremat.apply(model.apply, params, x, **spec.apply_kwargs())
     for r in (r for r in recorded if r["model"] == name):
       plan = jaxremat.Plan(tuple(r["checkpoints"]))
       footprint, values = measure_plan(spec, model, params, x, plan)

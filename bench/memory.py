@@ -28,75 +28,15 @@ from typing import Any
 import flax
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 import jaxremat
 from jaxremat import zoo
 from jaxremat._api.loss import training_loss
 from jaxremat.solvers import uniform_plan
+from jaxremat.zoo_registry import BenchModel, tagged
 
-BN = {"mutable": ["batch_stats"]}
-
-
-@dataclasses.dataclass(frozen=True)
-class ZooModel:
-  """A benchmark model: how to build it, its example batch and its ``apply`` kwargs."""
-
-  name: str
-  build: Callable[[], nn.Sequential]
-  batch: Callable[[], Any]
-  kwargs: dict = dataclasses.field(default_factory=dict)
-  quick: bool = False  # part of the --quick run
-
-  def instantiate(self) -> tuple[nn.Sequential, Any, Any]:
-    """``(model, batch, params)``: the model built, its batch, and parameters at key 0."""
-    model, x = self.build(), self.batch()
-    return model, x, jax.jit(model.init)(jax.random.key(0), x)
-
-
-def _images(n: int, size: int = 32, dtype=jnp.float32) -> Callable[[], jax.Array]:
-  return lambda: jax.random.normal(jax.random.key(1), (n, size, size, 3)).astype(dtype)
-
-
-def _features(n: int, d: int, dtype=jnp.float32) -> Callable[[], jax.Array]:
-  return lambda: jax.random.normal(jax.random.key(1), (n, d)).astype(dtype)
-
-
-def _tokens(n: int, seq: int, vocab: int) -> Callable[[], jax.Array]:
-  return lambda: jax.random.randint(jax.random.key(1), (n, seq), 0, vocab)
-
-
-_UNEVEN = (512, 1024, 256, 2048, 128, 512, 10)
-
-#: The benchmark's models: sizes that compile in seconds on 2 CPU cores.
-MODELS: tuple[ZooModel, ...] = (
-    ZooModel("vgg11-w0.25", lambda: zoo.vgg("vgg11", width=0.25), _images(16), quick=True),
-    ZooModel("vgg16-w0.25", lambda: zoo.vgg("vgg16", width=0.25), _images(16)),
-    ZooModel("vgg19-w0.25", lambda: zoo.vgg("vgg19", width=0.25), _images(16)),
-    ZooModel("vgg11-224px-w0.125",
-             lambda: zoo.vgg("vgg11", width=0.125, hidden=256, num_classes=1000),
-             _images(2, 224)),
-    ZooModel("resnet18-w0.25", lambda: zoo.resnet_by_name("resnet18", width=0.25), _images(16), BN,
-             quick=True),
-    ZooModel("resnet50-w0.125-d0.34",
-             lambda: zoo.resnet_by_name("resnet50", width=0.125, depth=0.34),
-             _images(16), BN),
-    ZooModel("resnet152-w0.125-d0.15",
-             lambda: zoo.resnet_by_name("resnet152", width=0.125, depth=0.15), _images(8), BN),
-    ZooModel("vit-d64-L6", lambda: zoo.vit(patch=4, dim=64, depth=6, num_heads=4), _images(16),
-             quick=True),
-    ZooModel("gpt-causal-d64-L6-s128",
-             lambda: zoo.gpt(vocab_size=256, max_len=128, dim=64, depth=6, num_heads=4),
-             _tokens(8, 128, 256)),
-    ZooModel("mlp-uneven", lambda: zoo.mlp(_UNEVEN), _features(256, 300), quick=True),
-    ZooModel("mlp-uneven-bf16", lambda: zoo.mlp(_UNEVEN, dtype=jnp.bfloat16),
-             _features(256, 300, jnp.bfloat16)),
-)
-
-
-def models() -> dict[str, tuple[nn.Module, jax.Array, dict]]:
-  """name -> (model, batch, apply kwargs) for every model of ``MODELS``."""
-  return {m.name: (m.build(), m.batch(), m.kwargs) for m in MODELS}
+#: The benchmark's models: the registry's CPU zoo, sizes that compile in seconds on 2 CPU cores.
+MODELS: tuple[BenchModel, ...] = tagged("cpu")
 
 
 @dataclasses.dataclass
@@ -224,13 +164,14 @@ MEMORY_STRATEGIES = ("every-layer", "sqrt", "best-uniform", "jax-nothing-saveabl
                      "jax-dots-saveable", "flax-remat-layers", "model-a-dp", "apply")
 
 
-def bench_model(spec: ZooModel, strategies: list[str], uniform_candidates: int) -> list[dict]:
+def bench_model(spec: BenchModel, strategies: list[str], uniform_candidates: int) -> list[dict]:
   """Measures every strategy on one model; returns one row per strategy."""
   model, x, params = spec.instantiate()
   start = time.perf_counter()
-  base = jaxremat.apply(model.apply, params, x, **spec.kwargs)
+  kwargs = spec.apply_kwargs()
+  base = jaxremat.apply(model.apply, params, x, **kwargs)
   _log(f"  {spec.name}: {base.chain.n} layers, apply took {time.perf_counter() - start:.1f} s")
-  ctx = Context(model, params, x, spec.kwargs, base, uniform_candidates=uniform_candidates)
+  ctx = Context(model, params, x, kwargs, base, uniform_candidates=uniform_candidates)
   none = ctx.measure(model.apply)
   ctx.none_bytes = none.total_bytes
   rows = []
@@ -357,7 +298,7 @@ def main() -> int:
   wanted = (args.models or args.only or "").split(",")
   by_name = {m.name: m for m in MODELS}
   chosen = ([by_name[w] for w in wanted if w in by_name] if wanted != [""]
-            else [m for m in MODELS if m.quick or not args.quick])
+            else [m for m in MODELS if "cpu-quick" in m.tags or not args.quick])
   unknown = set(wanted) - {m.name for m in MODELS} - {""}
   strategies = (args.strategies.split(",") if args.strategies else list(DEFAULT_STRATEGIES))
   unknown |= set(strategies) - set(STRATEGIES)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxremat
+from jaxremat._api.loss import training_loss
 from jaxremat.solvers import uniform_plan
 
 
@@ -77,10 +78,6 @@ def models() -> dict:
   }
 
 
-def _loss(fn):
-  return lambda p, x: jnp.mean(jnp.square(fn(p, x)))
-
-
 def _max_rel_diff(a, b) -> float:
   diffs = [float(jnp.max(jnp.abs(u - v)) / (jnp.max(jnp.abs(v)) + 1e-30))
            for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]
@@ -92,20 +89,20 @@ def run_model(name: str, model: nn.Module, x: jax.Array) -> dict:
   start = time.perf_counter()
   r = jaxremat.apply(model.apply, params, x)
   apply_seconds = time.perf_counter() - start
-  measured = jaxremat.measure(_loss(r.fn), params, x).total_bytes
-  none = jaxremat.measure(_loss(model.apply), params, x).total_bytes
+  measured = jaxremat.measure(training_loss(r.fn, {}), params, x).total_bytes
+  none = jaxremat.measure(training_loss(model.apply, {}), params, x).total_bytes
   uniform = {}
   for k in range(1, r.chain.n + 1):
     plan = uniform_plan(r.chain.n, k)
     fn = jaxremat.apply(model.apply, params, x, plan=plan).fn
-    uniform[k] = jaxremat.measure(_loss(fn), params, x).total_bytes
+    uniform[k] = jaxremat.measure(training_loss(fn, {}), params, x).total_bytes
   best_k = min(uniform, key=uniform.get)
   start = time.perf_counter()
   verified = jaxremat.apply(model.apply, params, x, verify=True)
   verify_seconds = time.perf_counter() - start
-  verified_bytes = jaxremat.measure(_loss(verified.fn), params, x).total_bytes
-  grads = jax.jit(jax.grad(_loss(r.fn)))(params, x)
-  plain = jax.jit(jax.grad(_loss(model.apply)))(params, x)
+  verified_bytes = jaxremat.measure(training_loss(verified.fn, {}), params, x).total_bytes
+  grads = jax.jit(jax.grad(training_loss(r.fn, {})))(params, x)
+  plain = jax.jit(jax.grad(training_loss(model.apply, {})))(params, x)
   return {
       "model": name, "layers": r.chain.n, "plan": list(r.plan.checkpoints),
       "apply_seconds": apply_seconds,

@@ -9,15 +9,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from jaxremat import zoo
 from jaxremat._api.apply import apply
 from jaxremat._api.loss import training_loss
 from jaxremat._errors import NotAChainError
 from jaxremat._model.chain import Chain, Plan, peak_bytes, recompute_flops
 from jaxremat._backends.measure import measure
 from jaxremat.solvers import solve, uniform_plan
+from jaxremat.zoo_registry import BenchModel, tagged
 
 #: Strategies each model is measured under; "apply-default" is what ``apply`` picks.
 STRATEGIES = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "apply-default")
@@ -25,38 +24,11 @@ STRATEGIES = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "apply-d
 #: The best checkpoint-every-k plan by XLA's own measurement (every k compiled).
 BEST_UNIFORM_XLA = "best-uniform-xla"
 
-# A model: (flax module, example input, apply kwargs).
-Model = tuple[Any, Any, dict[str, Any]]
-
-
-def _images(quick: bool) -> jax.Array:
-  shape = (4, 16, 16, 3) if quick else (16, 32, 32, 3)
-  return jax.random.normal(jax.random.key(1), shape)
-
-
-def _vectors(quick: bool, dtype: Any = jnp.float32) -> jax.Array:
-  return jax.random.normal(jax.random.key(1), (32 if quick else 256, 300)).astype(dtype)
-
-
-_UNEVEN = [512, 1024, 256, 2048, 128, 512, 10]
-
-#: name -> factory(quick) -> Model; sizes compile in seconds on 2 CPU cores (quick: less).
-MODELS: dict[str, Callable[[bool], Model]] = {
-    "tiny-mlp": lambda q: (zoo.mlp([32, 64, 16, 48, 10]),
-                           jax.random.normal(jax.random.key(1), (8, 20)), {}),
-    "vgg11-w0.25": lambda q: (zoo.vgg("vgg11", width=0.25), _images(q), {}),
-    "all-conv": lambda q: (zoo.all_conv(), _images(q), {}),
-    "resnet-3stage-w16": lambda q: (zoo.resnet((1, 1, 1), width=16), _images(q),
-                                    {"mutable": ["batch_stats"]}),
-    "mlp-uneven": lambda q: (zoo.mlp(_UNEVEN), _vectors(q), {}),
-    "mlp-uneven-bf16": lambda q: (zoo.mlp(_UNEVEN, dtype=jnp.bfloat16),
-                                  _vectors(q, jnp.bfloat16), {}),
-    "dropout-mlp": lambda q: (zoo.DropoutMLP((512, 1024, 256, 1024, 10)), _vectors(q),
-                              {"rngs": {"dropout": jax.random.key(3)}}),
-}
+#: The models ``jaxremat bench`` runs (the registry's "bench" models), by name.
+MODELS: dict[str, BenchModel] = {m.name: m for m in tagged("bench")}
 
 #: The models ``jaxremat bench --quick`` runs when ``--models`` is not given.
-QUICK_MODELS = ("mlp-uneven", "all-conv")
+QUICK_MODELS = tuple(m.name for m in tagged("bench-quick"))
 
 
 def init_params(model: Any, x: Any, kwargs: Mapping[str, Any]) -> Any:
@@ -137,8 +109,8 @@ def run(names: Iterable[str], *, quick: bool = False,
   rows = []
   for k, name in enumerate(names):
     progress(f"model {k + 1}/{len(names)}: {name} (tracing and profiling)")
-    model, x, kwargs = MODELS[name](quick)
-    rows += bench_model(name, model, x, kwargs, best_uniform_xla=not quick, progress=progress)
+    spec = MODELS[name]
+    rows += bench_model(name, spec.build(), spec.example(quick), spec.apply_kwargs(), best_uniform_xla=not quick, progress=progress)
   import flax  # only for the versions
   meta = {
       "date": datetime.date.today().isoformat(),

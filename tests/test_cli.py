@@ -51,7 +51,8 @@ def test_bench_quick_json_matches_measure(capsys, tmp_path):
     assert {"model", "checkpoints", "predicted_bytes", "measured_bytes", "recompute_flops",
             "xla_flops"} <= set(row)
   # The measured figures are jaxremat.measure's of the same plan, rebuilt independently.
-  model, x, kwargs = _bench.MODELS["tiny-mlp"](True)
+  spec = _bench.MODELS["tiny-mlp"]
+  model, x = spec.build(), spec.example(quick=True)
   params = model.init(jax.random.key(0), x)
   for strategy in ("none", "optimal"):
     plan = jaxremat.Plan(tuple(rows[strategy]["checkpoints"]))
