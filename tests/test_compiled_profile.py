@@ -42,7 +42,7 @@ def _profiled(build: Any) -> tuple[Any, Any, jax.Array, Any, CompiledProfile]:
 def _unfused_residual_bytes(model: nn.Module, params: Any, x: jax.Array) -> int:
   """Bytes of what JAX's VJP of the loss saves, computed values only (no fusion)."""
   loss = training_loss(model.apply, {})
-  return sum(math.prod(aval.shape) * aval.dtype.itemsize
+  return sum(math.prod(getattr(aval, "shape")) * getattr(aval, "dtype").itemsize
              for aval, why in saved_residuals(loss, params, x)
              if not why.startswith("from the argument") and hasattr(aval, "shape"))
 
