@@ -36,7 +36,9 @@ live at the turn, not live out, and some instruction of the model's backward rea
 value only the loss reads, such as the model's output, is not a residual). It counts for
 the layer whose name-stack path prefixes the writer's op name (a fusion carries its
 root's); a layer outside any module (``(relu)``) or a repeated name is told by data flow:
-the first such layer at or after the latest layer the writer reads. A kept value that
+the first such layer at or after the latest layer the writer reads; an instruction with no
+op name (CPU max-pool's index and zero buffers), the layer it reads, else the layer of the
+forward instruction scheduled last before it. A kept value that
 layer ``i - 1`` writes and only layer ``i``'s backward reads is layer ``i``'s own input
 (``e_i``). Only values in the temp allocation count: XLA places some in a parameter
 gradient's output buffer, which the fixed bytes already hold (``output_buffer_bytes``).
@@ -253,13 +255,21 @@ def _attribute(values: dict[int, _Value], ops: dict[str, tuple[str, bool]],
   leaf = {name for name, (_, is_leaf) in ops.items() if is_leaf}
   paths = {name: layers.path(op) for name, (op, _) in ops.items()}
   backward = {name for name, (op, _) in ops.items() if "transpose(" in op}
-  turn = next((i for i, name in enumerate(schedule)
-               if name in backward and producers[name] - leaf), len(schedule))
+  data = {name for name in leaf if ops[name][0].startswith("batch")}  # the batch's parameters
+  for name in schedule:  # what depends on the batch (the weights' flips do not)
+    if producers[name] & data:
+      data.add(name)
+  turn = next((i for i, name in enumerate(schedule) if name in backward and name in data),
+              len(schedule))
   layer_of: dict[str, int] = {}  # forward model instructions
-  for name in schedule:
+  for step, name in enumerate(schedule):
     path = paths.get(name)
-    if path is None or name in backward or name in leaf:
+    if name in backward or name in leaf:
       continue
+    if path is None:  # no op name (a pool's indices): the layer it reads, before the turn
+      path = () if ops.get(name, ("x", False))[0] == "" and step < turn else None
+      if path is None:
+        continue
     after = max((layer_of[p] for p in producers[name] if p in layer_of), default=-1)
     found = layers.candidates(path)
     later = [i for i in found if i >= after]
@@ -277,6 +287,10 @@ def _attribute(values: dict[int, _Value], ops: dict[str, tuple[str, bool]],
       return found[0]
     return writer + 1 if writer + 1 in found else writer if writer in found else None
 
+  near, last = {}, 0  # per instruction, the layer of the latest forward one scheduled before
+  for name in schedule:
+    last = layer_of.get(name, last)
+    near[name] = last
   res, own, out_buf, act = [0] * n, [0] * n, [0] * n, [0] * n
   other = 0
   steps = {name: i for i, name in enumerate(schedule)}
@@ -291,6 +305,8 @@ def _attribute(values: dict[int, _Value], ops: dict[str, tuple[str, bool]],
     readers = [u for u in v.uses if paths.get(u) is not None and steps.get(u, -1) >= turn]
     if not readers or "transpose(" in ops.get(v.instr, ("", False))[0]:
       continue
+    if writer is None and ops.get(v.instr, ("x", False))[0] == "":
+      writer = near.get(v.instr)  # no op name (a pool gradient's zeros): where it is written
     if writer is None:
       other += v.size if v.allocation == "temp" else 0
       continue
