@@ -38,8 +38,8 @@ from jaxremat.solvers import uniform_plan
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import memory as zoo_bench  # noqa: E402
-import realworld_models as rm  # noqa: E402
+import memory as zoo_bench  # type: ignore[import-not-found]  # noqa: E402
+import realworld_models as rm  # type: ignore[import-not-found]  # noqa: E402
 
 ZOO = ("mlp-uneven", "vgg11-w0.25", "resnet18-w0.25", "vit-d64-L6", "gpt-causal-d64-L6-s128")
 REALWORLD = ("vit", "lm1b")
@@ -73,19 +73,22 @@ def bench_model(name: str, group: str, fn: Any, params: Any, x: Any, kwargs: dic
   """One row per plan: the three predictions and XLA's footprint (bytes)."""
   start = time.perf_counter()
   r = jaxremat.apply(fn, params, x, verify=False, refine=False, **kwargs)
+  base = r.chain
+  if not isinstance(base, jaxremat.Chain):
+    raise RuntimeError(f"{name} is planned as a graph, not a chain")
   traced = trace(fn, params, x, kwargs)
-  if tuple(layer.name for layer in traced.layers) != r.chain.names:
+  if tuple(layer.name for layer in traced.layers) != base.names:
     raise RuntimeError(f"{name}: apply's layers are not trace's")
   loss = training_loss(fn, kwargs)
   found = compiled_profile(traced, loss, params, x)
-  chains = {"jaxpr": r.chain, "compiled": with_compiled(r.chain, found),
-            "compiled+out": with_compiled(r.chain, _with_outputs(found))}
-  n = r.chain.n
+  chains = {"jaxpr": base, "compiled": with_compiled(base, found),
+            "compiled+out": with_compiled(base, _with_outputs(found))}
+  n = base.n
   best_k = min(range(1, max(n, 2)),
-               key=lambda k: jaxremat.simulate_peak_bytes(r.chain, uniform_plan(n, k)))
-  plans = {"none": jaxremat.Plan(()), "every-layer": jaxremat.solve(r.chain, "every-layer"),
+               key=lambda k: jaxremat.simulate_peak_bytes(base, uniform_plan(n, k)))
+  plans = {"none": jaxremat.Plan(()), "every-layer": jaxremat.solve(base, "every-layer"),
            f"best-uniform k={best_k}": uniform_plan(n, best_k),
-           "optimal": jaxremat.solve(r.chain, "optimal")}
+           "optimal": jaxremat.solve(base, "optimal")}
   rows = []
   for label, plan in plans.items():
     if label == "none":
