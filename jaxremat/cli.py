@@ -159,6 +159,7 @@ def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
       "model": spec, "batch_shape": list(batch_shape), "dtype": dtype, "method": r.plan.method,
       "checkpoints": list(r.plan.checkpoints), "predicted_total_bytes": r.predicted_total_bytes,
       "fixed_bytes": r.fixed_bytes, "solve_seconds": r.solve_seconds, "graph": r.is_graph,
+      "decomposition": r.decomposition, "measured_total_bytes": r.measured_total_bytes,
       "layers": layers,
   }
   return r, summary

@@ -94,12 +94,15 @@ def test_plan_takes_a_local_module_layer_depth_and_model_kwargs(tmp_path, monkey
   monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
   args = ["plan", "local_net:Net", "--batch-shape", "8,16", "--model-kwargs", '{"train": true}',
           "--rngs", "dropout", "--json"]
-  assert cli.main(args) == 0
-  names = [layer["name"] for layer in json.loads(capsys.readouterr().out)["layers"]]
-  assert names[:3] == ["block0", "block1", "block2"]
+  assert cli.main([*args, "--layer-depth", "1"]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert [layer["name"] for layer in summary["layers"]][:3] == ["block0", "block1", "block2"]
+  assert summary["decomposition"] == "layer_depth=1 (4 layers)"
   assert cli.main([*args, "--layer-depth", "2"]) == 0
   deeper = [layer["name"] for layer in json.loads(capsys.readouterr().out)["layers"]]
-  assert len(deeper) > len(names) and any(n.startswith("block0/") for n in deeper)
+  assert len(deeper) > 4 and any(n.startswith("block0/") for n in deeper)
+  assert cli.main(args) == 0  # the default decomposition, whatever it chose, is reported
+  assert json.loads(capsys.readouterr().out)["decomposition"]
 
 
 def test_plan_says_what_is_wrong_with_the_module_or_kwargs(capsys):
