@@ -5,6 +5,8 @@ from __future__ import annotations
 import warnings
 
 from jaxremat._api.planner import Planner
+from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr.trace import Layer, TracedChain
 from jaxremat._model.chain import Plan
 
 #: A plan saving less than this fraction of the no-remat footprint saves little.
@@ -17,10 +19,11 @@ class CoarseLayersWarning(UserWarning):
   """One layer holds most of what the backward pass keeps, so the plan saves little."""
 
 
-def warn_if_coarse(planner: Planner, plan: Plan) -> None:
+def warn_if_coarse(planner: Planner, plan: Plan, traced: TracedChain) -> None:
   """Warns (``CoarseLayersWarning``) when ``plan`` saves under ``LITTLE`` of the predicted
-  footprint without remat while one layer holds over ``DOMINANT`` of the residual bytes:
-  checkpoints at layer boundaries cannot reach inside it, a finer granularity can."""
+  footprint without remat while one layer holds over ``DOMINANT`` of the residual bytes
+  and has submodules of its own: checkpoints at layer boundaries cannot reach inside it,
+  a finer granularity can."""
   res = planner.chain.res_bytes
   none = planner.total_bytes(Plan(()))
   if not res or sum(res) <= 0 or none <= 0:
@@ -28,7 +31,7 @@ def warn_if_coarse(planner: Planner, plan: Plan) -> None:
   saving = 1 - planner.total_bytes(plan) / none
   k = max(range(len(res)), key=res.__getitem__)
   share = res[k] / sum(res)
-  if saving < LITTLE and share > DOMINANT:
+  if saving < LITTLE and share > DOMINANT and _has_submodules(traced.layers[k]):
     name = planner.chain.names[k]
     warnings.warn(CoarseLayersWarning(
         f"jaxremat: the plan saves {saving:.0%} of the step's predicted footprint because "
@@ -36,3 +39,9 @@ def warn_if_coarse(planner: Planner, plan: Plan) -> None:
         f"between layers only. Pass layer_depth={name.count('/') + 2} to plan its "
         "submodules as layers, or group its inner blocks into modules called one after "
         "the other."), stacklevel=3)
+
+
+def _has_submodules(layer: Layer) -> bool:
+  """True when some equation of ``layer`` runs in a module below the layer's own."""
+  depth = min(len(_compat.name_stack(e)) for e in layer.eqns)
+  return any(len(_compat.name_stack(e)) > depth for e in layer.eqns)

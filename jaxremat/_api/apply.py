@@ -134,8 +134,8 @@ def apply(
   chosen = plan is None
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
-  if chosen:
-    warn_if_coarse(planner, plan)
+  if chosen and method == "optimal":
+    warn_if_coarse(planner, plan, traced)
   with clock("emit"):
     fn = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
   return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],
