@@ -138,15 +138,16 @@ def _one_checkpoint_away(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
           and abs(next(iter(only_a)) - next(iter(only_b))) == 1)
 
 
-def test_verify_also_measures_the_plans_the_estimate_ties_with_its_choice(cnn):
+def test_verify_compiles_the_least_predicted_candidates_ties_included(cnn):
   """Every plan one checkpoint away is enumerated here; those within 1% of the chosen
-  plan's estimate are ties, and the (up to) two least of them are compiled too."""
+  plan's estimate are ties, and the (up to) two least of them are candidates. verify
+  compiles at most six plans: the chosen one and the candidates of least prediction."""
   import itertools
 
   from jaxremat._backends.estimate import estimate_temp_bytes
 
   model, params, x = cnn
-  r = jaxremat.apply(model.apply, params, x)
+  r = jaxremat.apply(model.apply, params, x, verify=False)  # the plan verify starts from
   n = r.chain.n
   def estimate(c):
     return estimate_temp_bytes(r.chain, r._planner.buffers, jaxremat.Plan(c))
@@ -158,8 +159,13 @@ def test_verify_also_measures_the_plans_the_estimate_ties_with_its_choice(cnn):
                 key=lambda c: (estimate(c), jaxremat.recompute_flops(r.chain, jaxremat.Plan(c))))
   got = [p.checkpoints for p in r._planner.near_ties(r.plan, 2)]
   assert ties and got == ties[:2]
+  assert set(got) <= {p.checkpoints for p in r._planner.candidates(r.plan)}
   verified = jaxremat.apply(model.apply, params, x, verify=True).verified
-  assert set(got) <= set(verified)
+  assert r.plan.checkpoints in verified and len(verified) <= 6
+  compiled = [c for c in verified if c != r.plan.checkpoints]
+  left = {p.checkpoints for p in r._planner.candidates(r.plan)} - set(verified)
+  worst = max(r.predict_total_bytes(jaxremat.Plan(c)) for c in compiled)
+  assert all(r.predict_total_bytes(jaxremat.Plan(c)) >= worst for c in left)
 
 
 def test_multilevel_plan_keeps_gradients_and_lowers_model_peak(cnn):
