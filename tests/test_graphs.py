@@ -148,7 +148,7 @@ def test_report_lists_cuts_and_strategies(zoo_model):
 def test_graph_budget_takes_the_least_recompute_within_it(zoo_model):
   """Model G's budget plan: within the budget, and no plan within it recomputes less."""
   _, model, params, x = zoo_model
-  r = jaxremat.apply(model.apply, params, x)
+  r = jaxremat.apply(model.apply, params, x, verify=False)  # model G's optimum
   least = r.predicted_total_bytes
   none = r.predict_total_bytes(jaxremat.Plan(()))
   budget = (least + none) // 2

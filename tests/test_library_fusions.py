@@ -84,7 +84,7 @@ def test_gelu_keeps_its_input_tanh_and_output_not_its_cdf():
   model = nn.Sequential([_MLPBlock(), _MLPBlock()])
   x = jnp.ones((B, T, D))
   params = model.init(jax.random.key(0), x)
-  traced = trace(model.apply, params, x, {}, None)
+  traced = trace(model.apply, params, x, {}, 1)  # each block one layer
   chain = _profile.profile(traced, backend="cpu").chain
   # The second block saves its input, and of (B, T, H) values the pre-activation, the
   # tanh and the GELU output (its Dense's input); 0.5 * (1 + tanh) is recomputed.

@@ -18,7 +18,8 @@ B, D, H = 8, 64, 256  # batch, model width, hidden width
 
 def _profile(model, x, backend="gpu", **kwargs):
   variables = model.init(jax.random.key(0), x)
-  return profile(trace(model.apply, variables, x, kwargs), backend=backend)
+  # layer_depth=1: each test module is one layer (the default would split it into its own).
+  return profile(trace(model.apply, variables, x, kwargs, layer_depth=1), backend=backend)
 
 
 class _Mlp(nn.Module):
