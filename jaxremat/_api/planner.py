@@ -26,6 +26,9 @@ from jaxremat.solvers._graph import GRAPH_SOLVERS, solve_graph, solve_graph_budg
 
 #: Strategies listed by ``Remat.report`` next to the chosen plan.
 REPORTED_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
+#: Longest chain predicted by the estimate, whose buffer walk is O(n^2) (3,000 layers:
+#: 10 s); longer chains are predicted by model R.
+ESTIMATE_MAX_LAYERS = 1_000
 _TIE = 0.01  # estimates this close (relative) are a tie: the estimate's errors are larger
 _MODEL_A_MAX_LAYERS = 1_000  # model A's O(n^3) program: 33 ms at n = 1,000
 
@@ -78,9 +81,10 @@ class ChainPlanner:
 
     Arguments and parameter gradients are held for the whole step; on top of them the
     temp bytes peak as the estimate's live buffers (``estimate_temp_bytes``). A
-    multi-level plan is predicted by model R's event simulator instead.
+    multi-level plan, or a chain longer than ``ESTIMATE_MAX_LAYERS``, is predicted by
+    model R's event simulator instead.
     """
-    if plan.is_nested:
+    if plan.is_nested or self.chain.n > ESTIMATE_MAX_LAYERS:
       return self.fixed_bytes + simulate_peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
     return self.fixed_bytes + estimate_temp_bytes(self.chain, self.buffers, plan)
 
@@ -103,8 +107,11 @@ class ChainPlanner:
     return [refine(self.chain, self.buffers, least), least, *self.best_uniform(3)]
 
   def best_uniform(self, count: int) -> list[Plan]:
-    """The ``count`` checkpoint-every-k plans of least estimated footprint."""
+    """The ``count`` checkpoint-every-k plans of least estimated footprint (beyond refine's
+    ``MAX_LAYERS`` layers, of least model-R peak: n estimates would cost minutes)."""
     plans = [uniform_plan(self.chain.n, k) for k in range(1, self.chain.n)]
+    if self.chain.n > MAX_REFINE_LAYERS:
+      return sorted(plans, key=self.peak_bytes)[:count]
     return sorted(plans, key=lambda p: estimate_temp_bytes(self.chain, self.buffers, p))[:count]
 
   def near_ties(self, plan: Plan, count: int) -> list[Plan]:
