@@ -18,17 +18,12 @@ none, the compile the compiled profile is read from). Only the profile differs.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import pathlib
-import platform
 import sys
 import time
 from typing import Any
 
-import flax
-import jax
 
 import jaxremat
 from jaxremat._api.loss import training_loss
@@ -40,6 +35,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import memory as zoo_bench  # type: ignore[import-not-found]  # noqa: E402
 import realworld_models as rm  # type: ignore[import-not-found]  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
+from record import run_meta, write_result  # noqa: E402
 
 ZOO = ("mlp-uneven", "vgg11-w0.25", "resnet18-w0.25", "vit-d64-L6", "gpt-causal-d64-L6-s128")
 REALWORLD = ("vit", "lm1b")
@@ -158,23 +156,11 @@ def main() -> int:
 
 
 def _write(path: str, rows: list[dict], seconds: float) -> None:
-  table = to_markdown(rows)
-  meta = {"date": datetime.date.today().isoformat(), "command": " ".join(["python", *sys.argv]),
-          "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()}, "
-                    f"{os.cpu_count()} cores)",
-          "versions": {"jax": jax.__version__, "flax": flax.__version__,
-                       "python": platform.python_version()},
-          "seconds": round(seconds, 1), "profiles": {
-              "jaxpr": "(a) apply's jaxpr profile", "compiled": "(b) b_i, e_i from the compiled "
-              "plain step, temp values", "compiled+out": "(c) as (b), with the kept values XLA "
-              "placed in output buffers"}}
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as f:
-    json.dump({"meta": meta, "rows": rows, "summary": summary(rows), "table": table}, f, indent=1)
-  with open(os.path.splitext(path)[0] + ".md", "w") as f:
-    f.write(f"Command: `{meta['command']}` ({meta['device']}, jax {jax.__version__}, "
-            f"flax {flax.__version__}, {meta['date']}, {meta['seconds']} s)\n\n{table}\n")
-
+  meta = run_meta(seconds, profiles={
+      "jaxpr": "(a) apply's jaxpr profile", "compiled": "(b) b_i, e_i from the compiled plain "
+      "step, temp values", "compiled+out": "(c) as (b), with the kept values XLA placed in "
+      "output buffers"})
+  write_result(path, meta, rows, to_markdown(rows), summary=summary(rows))
 
 if __name__ == "__main__":
   sys.exit(main())

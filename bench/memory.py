@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-import flax
 import flax.linen as nn
 import jax
 
@@ -34,6 +31,9 @@ from jaxremat import zoo
 from jaxremat._api.loss import training_loss
 from jaxremat.solvers import uniform_plan
 from jaxremat.zoo_registry import BenchModel, tagged
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
+from record import run_meta, write_result  # noqa: E402
 
 #: The benchmark's models: the registry's CPU zoo, sizes that compile in seconds on 2 CPU cores.
 MODELS: tuple[BenchModel, ...] = tagged("cpu")
@@ -320,21 +320,8 @@ def main() -> int:
 
 def _write(path: str, rows: list[dict], strategies: list[str], seconds: float, done: bool) -> None:
   """The JSON (rows, table, device, versions, command) and the markdown table beside it."""
-  table = to_markdown(rows)
-  meta = {"date": datetime.date.today().isoformat(), "command": " ".join(["python", *sys.argv]),
-          "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()}, "
-                    f"{os.cpu_count()} cores)",
-          "versions": {"jax": jax.__version__, "flax": flax.__version__,
-                       "python": platform.python_version()},
-          "seconds": round(seconds, 1), "complete": done,
-          "strategies": {s: STRATEGIES[s][0] for s in strategies}}
-  with open(path, "w") as f:
-    json.dump({"meta": meta, "rows": rows, "table": table}, f, indent=1)
-  with open(os.path.splitext(path)[0] + ".md", "w") as f:
-    f.write(f"Command: `{meta['command']}` ({meta['device']}, jax {jax.__version__}, "
-            f"flax {flax.__version__}, {meta['date']}, {meta['seconds']} s"
-            f"{'' if done else ', cut short'})\n\n{table}\n")
-
+  meta = run_meta(seconds, complete=done, strategies={s: STRATEGIES[s][0] for s in strategies})
+  write_result(path, meta, rows, to_markdown(rows) + ("" if done else "\n(cut short)"))
 
 if __name__ == "__main__":
   sys.exit(main())
