@@ -25,16 +25,17 @@ def warn_if_coarse(planner: Planner, plan: Plan, traced: TracedChain) -> None:
   and has submodules of its own: checkpoints at layer boundaries cannot reach inside it,
   a finer granularity can."""
   res = planner.chain.res_bytes
-  none = planner.total_bytes(Plan(()))
+  held = planner.fixed_bytes - planner.input_bytes  # a cheap model: fixed bytes + peak
+  none = held + planner.peak_bytes(Plan(()))
   if not res or sum(res) <= 0 or none <= 0:
     return
-  saving = 1 - planner.total_bytes(plan) / none
+  saving = 1 - (held + planner.peak_bytes(plan)) / none
   k = max(range(len(res)), key=res.__getitem__)
   share = res[k] / sum(res)
   if saving < LITTLE and share > DOMINANT and _has_submodules(traced.layers[k]):
     name = planner.chain.names[k]
     warnings.warn(CoarseLayersWarning(
-        f"jaxremat: the plan saves {saving:.0%} of the step's predicted footprint because "
+        f"jaxremat: the plan saves {saving:.0%} of the step's footprint (by the memory model) because "
         f"layer {name!r} holds {share:.0%} of the residual bytes and checkpoints fall "
         f"between layers only. Pass layer_depth={name.count('/') + 2} to plan its "
         "submodules as layers, or group its inner blocks into modules called one after "
