@@ -174,7 +174,7 @@ def least_peak_value(t: Terms, a: Sequence[int]) -> int:
     push_x(x_new)
     push_y(y_new)
     top = len(xs) - 1
-    if top <= q + 1:  # block q + 1 was replaced
+    if top <= q + 1:  # a pop reached block q + 1: the copies are stale
       if q >= top:
         q = top - 1 if top > 1 else 1
       x_q = xs[q]
@@ -231,7 +231,7 @@ def least_peak_choices(t: Terms, a: Sequence[int], last: int) -> list[int]:
     push_y(y_new)
     push_r(r_new)
     top = len(xs) - 1
-    if top <= q + 1:  # block q + 1 was replaced
+    if top <= q + 1:  # a pop reached block q + 1: the copies are stale
       if q >= top:
         q = top - 1 if top > 1 else 1
       x_q, r_q = xs[q], rs[q]
