@@ -17,21 +17,19 @@ checkpoint-every-k plan over the layers default ``apply`` chose (every k compile
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import pathlib
-import platform
 import sys
 import time
 
-import flax
-import jax
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 import realworld_models as rm
 
 from jaxremat.solvers import uniform_plan
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
+from record import run_meta, write_result  # noqa: E402
 
 OUT = "bench/results/out-of-box-cpu/out-of-box.json"
 
@@ -65,11 +63,11 @@ def run_model(name: str, size: str) -> dict:
   }
 
 
-def markdown(rows: list[dict], header: str) -> str:
+def markdown(rows: list[dict]) -> str:
   mib = 2**20
   columns = ("model", "layers found", "default apply MiB", "layer_depth=1 MiB", "no remat MiB",
              "per-block remat MiB", "best uniform MiB (k)", "default vs per-block", "apply s")
-  lines = [header, "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+  lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
   for r in rows:
     lines.append(
         f"| {r['model']} | {r['layers']} (root's children: {r['flat_layers']}) "
@@ -97,23 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{name}: {r['layers']} layers, apply {r['apply_bytes'] / 2**20:.2f} MiB, per-block "
           f"{r['per_block_bytes'] / 2**20:.2f}, best uniform {r['best_uniform_bytes'] / 2**20:.2f}",
           flush=True)
-  meta = {
-      "command": "PYTHONPATH=. python " + " ".join(sys.argv),
-      "date": datetime.date.today().isoformat(),
-      "device": f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cores)",
-      "jax": jax.__version__, "flax": flax.__version__, "size": rm.SIZES[args.size],
-      "seconds": round(time.time() - start, 1),
-  }
-  header = (f"Command: `{meta['command']}` ({meta['device']}, jax {meta['jax']}, flax "
-            f"{meta['flax']}, {meta['date']}, {meta['seconds']} s; size {args.size}: "
-            f"{meta['size']})")
-  table = markdown(rows, header)
+  meta = run_meta(time.time() - start, size=rm.SIZES[args.size])
+  table = f"Size {args.size}: {meta['size']}\n\n{markdown(rows)}"
   print(table)
-  os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump({"meta": meta, "rows": rows}, f, indent=1)
-  with open(args.out.removesuffix(".json") + ".md", "w") as f:
-    f.write(table)
+  write_result(args.out, meta, rows, table)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,11 @@ the slowest stage. Writes JSON and a markdown table beside it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -27,6 +24,9 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jaxremat  # noqa: E402
 from jaxremat import zoo  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
+from record import run_meta, write_result  # noqa: E402
 
 
 def _tokens(batch: int, seq: int) -> jax.ShapeDtypeStruct:
@@ -72,9 +72,8 @@ def run(name: str, confirm: bool) -> dict:
           "predicted_total_bytes": r.predicted_total_bytes}
 
 
-def markdown(rows: list[dict], meta: dict) -> str:
-  lines = ["# Planning time of jaxremat.apply", "", f"`{json.dumps(meta)}`", "",
-           "| model | layers | apply s | without compiles s | trace | profile | solve | emit | "
+def markdown(rows: list[dict]) -> str:
+  lines = ["| model | layers | apply s | without compiles s | trace | profile | solve | emit | "
            "compile | slowest |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     s = r["stages"]
@@ -93,19 +92,12 @@ def main() -> int:
                       help="apply's default: compile the chosen plan (else verify=False)")
   args = parser.parse_args()
   names = args.only.split(",") if args.only else list(MODELS)
-  meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "command": " ".join(sys.argv), "jax": jax.__version__, "flax": flax.__version__,
-          "python": platform.python_version(), "machine": platform.machine(),
-          "cpus": os.cpu_count(), "backend": jax.default_backend()}
+  start = time.perf_counter()
   rows = []
   for name in names:
     rows.append(run(name, args.confirm))
     print(json.dumps(rows[-1]), flush=True)
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump({"meta": meta, "rows": rows}, f, indent=1)
-  with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-    f.write(markdown(rows, meta))
+  write_result(args.out, run_meta(time.perf_counter() - start), rows, markdown(rows))
   return 0
 
 

@@ -11,14 +11,11 @@ largest relative gradient difference from the plain model. Writes JSON and a mar
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
-import platform
+import os
 import sys
 import time
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -26,6 +23,9 @@ import jax.numpy as jnp
 import jaxremat
 from jaxremat._api.loss import training_loss
 from jaxremat.solvers import uniform_plan
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
+from record import run_meta, write_result  # noqa: E402
 
 
 class _ResConv(nn.Module):
@@ -116,10 +116,9 @@ def run_model(name: str, model: nn.Module, x: jax.Array) -> dict:
   }
 
 
-def markdown(rows: list[dict], header: str) -> str:
+def markdown(rows: list[dict]) -> str:
   mib = 2**20
-  lines = [header, "",
-           "| model | layers | no remat MiB | apply MiB | predicted MiB | prediction error "
+  lines = ["| model | layers | no remat MiB | apply MiB | predicted MiB | prediction error "
            "| best uniform MiB (k) | apply vs best uniform | `verify=True` vs best uniform "
            "| grad max rel diff |",
            "|---|---|---|---|---|---|---|---|---|---|"]
@@ -146,20 +145,10 @@ def main(argv=None) -> None:
     print(f"{name}: apply {r['apply_bytes'] / 2**20:.2f} MiB, predicted {r['predicted_bytes'] / 2**20:.2f} "
           f"({100 * r['prediction_error']:+.1f}%), best uniform {r['best_uniform_bytes'] / 2**20:.2f} "
           f"(k={r['best_uniform_k']}, apply {100 * r['apply_vs_best_uniform']:+.1f}%)", flush=True)
-  meta = {
-      "command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
-      "device": f"{jax.default_backend()} ({platform.machine()})", "jax": jax.__version__,
-      "flax": flax.__version__, "seconds": round(time.time() - start, 1),
-  }
-  header = (f"Command: `{meta['command']}` ({meta['device']}, jax {meta['jax']}, flax {meta['flax']}, "
-            f"{meta['date']}, {meta['seconds']} s)")
-  table = markdown(rows, header)
+  table = markdown(rows)
   print(table)
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(args.out.removesuffix(".json") + ".md", "w") as f:
-      f.write(table)
+    write_result(args.out, run_meta(time.time() - start), rows, table)
 
 
 if __name__ == "__main__":

@@ -231,17 +231,18 @@ Planner = ChainPlanner | GraphPlanner
 
 
 def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, batch: Any,
-             model_kwargs: dict[str, Any], calibrate: bool, platform: str | None) -> Planner:
+                 model_kwargs: dict[str, Any], calibrate: bool, platform: str | None) -> Planner:
   """Profiles the traced layers into the planner for their structure (chain or graph), as
   XLA on ``platform`` (default: the local backend) keeps them."""
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = checks.fixed_bytes(params, batch, arrays)
-  if platform and _sharding.is_sharded((params, batch, arrays)):
+  sharded = _sharding.is_sharded((params, batch, arrays))
+  if platform and sharded:
     raise InvalidArgumentError(
         "a target= plans for one GPU; pass unsharded params and batch (or "
         "jax.ShapeDtypeStructs of one device's shapes).")
   if traced.not_a_chain is not None:  # traced.is_graph
-    if _sharding.is_sharded((params, batch, arrays)):
+    if sharded:
       raise NotAChainError(
           f"{traced.not_a_chain} jaxremat plans such a model as a graph, which does not "
           "take sharded inputs yet; pass unsharded params and batch.")
@@ -249,7 +250,7 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
                         traced.not_a_chain)
   prof = profile(traced, calibrate=calibrate, backend=platform)
   chain = _scan.with_workspace(prof.chain, scans) if scans else prof.chain
-  if _sharding.is_sharded((params, batch, arrays)):  # bytes per device from here on
+  if sharded:  # bytes per device from here on
     flat = jax.tree_util.tree_leaves((params, batch, arrays))
     prof = _sharding.per_device_profile(traced, dataclasses.replace(prof, chain=chain), flat)
     chain = prof.chain

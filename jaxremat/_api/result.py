@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxremat._api.planner import ChainPlanner, Planner, fmt_bytes
+from jaxremat._errors import NotAChainError
 from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._model.chain import Chain, Plan, peak_bytes
 from jaxremat._model.graph import GraphChain
@@ -106,8 +107,8 @@ class Remat:
       NotAChainError: the layers were planned as a graph (no timeline to replay).
     """
     if not isinstance(self._planner, ChainPlanner):
-      from jaxremat._errors import NotAChainError
-      raise NotAChainError("Remat.plot replays model R's timeline; this model was planned as a graph.")
+      raise NotAChainError(
+          "Remat.plot replays model R's timeline; this model was planned as a graph.")
     from jaxremat._api.plot import plot_timelines  # matplotlib is optional
     chain = self._planner.chain
     plans = [(f"chosen: {self.plan.method or 'plan'}", self.plan)]
