@@ -2,6 +2,11 @@
 
 from jaxremat._api.advice import CoarseLayersWarning as CoarseLayersWarning
 from jaxremat._api.apply import apply as apply
+from jaxremat._api.fit import Fitted as Fitted
+from jaxremat._api.fit import fit as fit
+from jaxremat._model.policy_plan import Group as Group
+from jaxremat._model.policy_plan import Option as Option
+from jaxremat._model.policy_plan import PolicyPlan as PolicyPlan
 from jaxremat._api.compile import RematUndoneWarning as RematUndoneWarning
 from jaxremat._api.compile import jit as jit
 from jaxremat._api.result import Remat as Remat
@@ -44,8 +49,10 @@ __all__ = (
     "ChainTooLongError",
     "CoarseLayersWarning",
     "EmptyModelError",
+    "Fitted",
     "Footprint",
     "GraphChain",
+    "Group",
     "InfeasibleBudgetError",
     "InputMismatchError",
     "InvalidArgumentError",
@@ -54,7 +61,9 @@ __all__ = (
     "InvalidPlanError",
     "JaxrematError",
     "NotAChainError",
+    "Option",
     "Plan",
+    "PolicyPlan",
     "Remat",
     "RematUndoneWarning",
     "ScanPlan",
@@ -66,6 +75,7 @@ __all__ = (
     "apply",
     "apply_nnx",
     "compile_footprint",
+    "fit",
     "graph_peak_bytes",
     "jit",
     "measure",

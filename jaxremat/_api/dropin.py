@@ -14,6 +14,7 @@ from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import emit
 from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Plan
+from jaxremat._model.policy_plan import PolicyPlan
 
 InputKey = tuple[Any, ...]  # structures, shapes and dtypes of params, batch and kwargs
 
@@ -41,7 +42,7 @@ class DropIn:
   the model; the plan is reused when the new trace has the same layers.
   """
 
-  def __init__(self, model_fn: Callable[..., Any], plan: Plan, layer_depth: int | None,
+  def __init__(self, model_fn: Callable[..., Any], plan: Plan | PolicyPlan, layer_depth: int | None,
                traced: TracedChain, key: InputKey, segments: tuple[int, ...] | None = None):
     self._model_fn = model_fn
     self._segments = segments

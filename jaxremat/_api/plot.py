@@ -65,3 +65,25 @@ def plot_timelines(path: str | os.PathLike, chain: Chain, plans: Sequence[tuple[
   fig.tight_layout()
   fig.savefig(os.fspath(path))
   plt.close(fig)
+
+
+def plot_frontier(path: str | os.PathLike, frontier: Sequence[tuple[int, float]],
+                  chosen: tuple[int, float], budget_bytes: int,
+                  measured_bytes: int | None = None) -> None:
+  """Draws predicted footprint (MiB) against the time recomputation adds (ms) for the
+  fastest plan at each budget, the chosen plan (and XLA's footprint of it) and the budget."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  mib = 2.0**20
+  ax.step([b / mib for b, _ in frontier], [s * 1e3 for _, s in frontier], where="post",
+          marker="o", label="fastest plan per budget (predicted)")
+  ax.plot([chosen[0] / mib], [chosen[1] * 1e3], "s", color="C3", label="chosen (predicted)")
+  if measured_bytes is not None:
+    ax.plot([measured_bytes / mib], [chosen[1] * 1e3], "x", color="C3", label="chosen (XLA)")
+  ax.axvline(budget_bytes / mib, color="grey", linestyle="--", label="budget")
+  ax.set_xlabel("footprint (MiB)")
+  ax.set_ylabel("recomputation per step (ms)")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)

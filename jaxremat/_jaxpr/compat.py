@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jex_core
 
 Var = jex_core.Var
@@ -195,14 +196,40 @@ def inlined_function(
         env.update(zip(inner.jaxpr.constvars, inner.consts))
         outs = run(inner.jaxpr.eqns, inner.jaxpr.invars, inner.jaxpr.outvars, values)
       else:
-        params = eqn.primitive.get_bind_params(eqn.params)
-        subfuns, params = params if isinstance(params, tuple) else ((), params)  # older jax: a pair
-        outs = eqn.primitive.bind(*subfuns, *values, **params)
-        outs = outs if eqn.primitive.multiple_results else [outs]
+        outs = _bind(eqn, values)
       env.update(zip(eqn.outvars, outs))
     return [read(v) for v in outvars]
 
   return lambda *args: run(eqns, invars, outvars, args)
+
+
+def named_function(
+    eqns: Sequence[JaxprEqn], invars: Sequence[Var], outvars: Sequence[Any],
+    names: Mapping[int, str]
+) -> Callable[..., list]:
+  """Like ``sub_function``, with the outputs of equation ``k`` (a position in ``eqns``)
+  passed through ``checkpoint_name(..., names[k])``, so that a checkpoint policy can
+  save or offload them by name."""
+
+  def run(*args):
+    env = dict(zip(invars, args))
+    read = lambda v: v.val if isinstance(v, Literal) else env[v]
+    for k, eqn in enumerate(eqns):
+      outs = _bind(eqn, [read(v) for v in eqn.invars])
+      if k in names:
+        outs = [checkpoint_name(o, names[k]) for o in outs]
+      env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in outvars]
+
+  return run
+
+
+def _bind(eqn: JaxprEqn, values: Sequence[Any]) -> list:
+  """The outputs of ``eqn`` applied to ``values``."""
+  params = eqn.primitive.get_bind_params(eqn.params)
+  subfuns, params = params if isinstance(params, tuple) else ((), params)  # older jax: a pair
+  outs = eqn.primitive.bind(*subfuns, *values, **params)
+  return list(outs) if eqn.primitive.multiple_results else [outs]
 
 
 def aval_bytes(aval: Any) -> int:

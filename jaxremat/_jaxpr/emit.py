@@ -11,11 +11,13 @@ from jaxremat._errors import InvalidPlanError
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Plan, validate_plan
+from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, Group,
+                                         PolicyPlan)
 
 _Segment = tuple[Callable[..., Any], list, list]  # (function, its input vars, its output vars)
 
 
-def emit(traced: TracedChain, plan: Plan) -> Callable[[Sequence[Any]], list[Any]]:
+def emit(traced: TracedChain, plan: Plan | PolicyPlan) -> Callable[[Sequence[Any]], list[Any]]:
   """Returns ``run(flat_inputs) -> flat_outputs`` executing ``traced`` under ``plan``.
 
   Segment ``(l, r]`` evaluates the equations of layers ``l+1..r``; every segment but the
@@ -28,11 +30,18 @@ def emit(traced: TracedChain, plan: Plan) -> Callable[[Sequence[Any]], list[Any]
   values it makes that later layers or the model's result read.
   """
   n = len(traced.layers)
-  if traced.is_graph and plan.is_nested:
+  if isinstance(plan, PolicyPlan):
+    if traced.is_graph:
+      raise InvalidPlanError("policy plans (per-residual decisions) take a chain of layers; "
+                             "this model's layers are a graph.")
+    plan.validate(n)
+    root, root_inputs, root_outputs = _policy_root(traced, plan)
+  elif traced.is_graph and plan.is_nested:
     raise InvalidPlanError("a model that is not a chain takes single-level plans (no Plan.inner).")
-  validate_plan(plan, n)
-  root, root_inputs, root_outputs = (
-      _graph_root(traced, plan) if traced.is_graph else _segment(traced, 0, n, plan))
+  else:
+    validate_plan(plan, n)
+    root, root_inputs, root_outputs = (
+        _graph_root(traced, plan) if traced.is_graph else _segment(traced, 0, n, plan))
   base_vars = [*traced.input_vars, *traced.const_vars]
   prelude = (
       _compat.sub_function(traced.prelude, base_vars, traced.prelude_outputs)
@@ -107,3 +116,48 @@ def _graph_root(traced: TracedChain, plan: Plan) -> _Segment:
   in_all = list(dict.fromkeys(in_all))
   out_all = list(dict.fromkeys(out_all))
   return _composed(children, in_all, out_all), in_all, out_all
+
+
+def name_of(layer: int, eqn: int) -> str:
+  """The ``checkpoint_name`` of the outputs of equation ``eqn`` of layer ``layer`` (0-based)."""
+  return f"jaxremat/{layer}/{eqn}"
+
+
+def _policy_root(traced: TracedChain, plan: PolicyPlan) -> _Segment:
+  """The chain as its groups in order: ``KEEP`` plainly, the others under
+  ``jax.checkpoint`` with the group's policy."""
+  n = len(traced.layers)
+  children = [policy_segment(traced, g) for g in plan.groups]
+  in_vars = list(dict.fromkeys([*traced.layers[0].inputs,
+                                *(v for layer in traced.layers for v in layer.invariants)]))
+  out_vars = _segment_outputs(traced, 0, n)
+  return _composed(children, in_vars, out_vars), in_vars, out_vars
+
+
+def policy_segment(traced: TracedChain, group: Group) -> _Segment:
+  """``(function, input vars, output vars)`` of the group's layers under its option."""
+  layers = traced.layers[group.start:group.stop]
+  in_vars = list(dict.fromkeys([*layers[0].inputs, *(v for layer in layers for v in layer.invariants)]))
+  out_vars = _segment_outputs(traced, group.start, group.stop)
+  eqns = [e for layer in layers for e in layer.eqns]
+  option = group.option
+  if option.kind == KEEP:
+    return _compat.sub_function(eqns, in_vars, out_vars), in_vars, out_vars
+  policies = jax.checkpoint_policies
+  if option.kind == NAMES:
+    names = {k: name_of(group.start, k) for k in (*option.saved, *option.offloaded)}
+    fn = _compat.named_function(eqns, in_vars, out_vars, names)
+    saved = [names[k] for k in sorted(option.saved)]
+    if option.offloaded:
+      policy = policies.save_and_offload_only_these_names(
+          names_which_can_be_saved=saved,
+          names_which_can_be_offloaded=[names[k] for k in sorted(option.offloaded)],
+          offload_src="device", offload_dst="pinned_host")
+    else:
+      policy = policies.save_only_these_names(*saved)
+  else:
+    fn = _compat.sub_function(eqns, in_vars, out_vars)
+    policy = {DOTS: policies.dots_saveable,
+              DOTS_NO_BATCH: policies.dots_with_no_batch_dims_saveable}.get(
+                  option.kind, policies.nothing_saveable)
+  return jax.checkpoint(fn, prevent_cse=True, policy=policy), in_vars, out_vars

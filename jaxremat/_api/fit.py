@@ -1,0 +1,233 @@
+"""``jaxremat.fit``: the fastest training step within a memory budget (issue 24).
+
+Where ``apply`` cuts the chain at layer boundaries to reach the least peak, ``fit``
+decides per layer what to keep, recompute or offload (``_model.policy_plan``) so that the
+step fits a budget and recomputes the least predicted time, and confirms the fit with
+XLA's compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+from jaxremat._api import checks
+from jaxremat._api.dropin import DropIn, input_key
+from jaxremat._api.loss import training_loss
+from jaxremat._api.measure import measure
+from jaxremat._api.planner import fmt_bytes, make_planner
+from jaxremat._api.stopwatch import Stopwatch
+from jaxremat._backends.policy_options import group_costs
+from jaxremat._backends.roofline import roofline_for
+from jaxremat._backends.targets import Target, get_target
+from jaxremat._errors import (InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError,
+                              NotAChainError)
+from jaxremat._jaxpr.trace import trace
+from jaxremat._model.chain import Chain, Plan
+from jaxremat._model.policy_plan import GroupCost, PolicyPlan, peak_bytes
+from jaxremat.solvers._policy import as_plan, policy_frontier, solve_policy
+
+MAX_FIT_COMPILES = 4  # the chosen plan, then up to 3 tightened ones
+
+
+@dataclasses.dataclass(frozen=True)
+class Fitted:
+  """The result of ``jaxremat.fit``.
+
+  Attributes:
+    fn: a drop-in for ``model_fn`` (same signature and outputs) running the plan.
+    plan: the groups of layers and what each keeps, recomputes or offloads.
+    costs: the chosen groups with their bytes and seconds.
+    chain: the profiled layers (bytes per layer as XLA is modelled to keep them).
+    budget_bytes: the budget (bytes, the whole step: parameters, batch, gradients too).
+    fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
+    no_remat_bytes: the step's footprint without remat (bytes; XLA-measured when
+      ``verify``), the base of a fractional budget.
+    predicted_total_bytes: the plan's predicted footprint (bytes).
+    predicted_seconds: the time its recomputation and offload add to a step (seconds,
+      by the target's roofline).
+    measured_total_bytes: XLA's footprint of the plan (bytes), None without ``verify``.
+    compiled: XLA's footprint (bytes) of each plan compiled while fitting, in order.
+    frontier: ``(predicted bytes, predicted seconds)`` of the fastest plan at each
+      budget from the least footprint to no remat (the memory-versus-time frontier).
+    target: the GPU target planned for, or None for the local backend.
+    stage_seconds: wall time of each stage (seconds).
+  """
+
+  fn: Callable[..., Any]
+  plan: PolicyPlan
+  costs: tuple[GroupCost, ...]
+  chain: Chain
+  budget_bytes: int
+  fixed_bytes: int
+  no_remat_bytes: int
+  predicted_total_bytes: int
+  predicted_seconds: float
+  measured_total_bytes: int | None
+  compiled: tuple[int, ...]
+  frontier: tuple[tuple[int, float], ...]
+  target: str | None = None
+  stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def report(self) -> str:
+    """What each group does, the budget, the prediction and XLA's figure, the frontier."""
+    names = self.chain.names
+    lines = [f"{'layers':<40}{'option':>22}{'stored':>12}{'transient':>12}{'added ms':>10}"]
+    for c in self.costs:
+      g = c.group
+      label = names[g.start] if g.stop - g.start == 1 else f"{names[g.start]} .. {names[g.stop - 1]}"
+      lines.append(f"{label[:39]:<40}{g.option.describe():>22}{fmt_bytes(c.stored_bytes):>12}"
+                   f"{fmt_bytes(c.transient_bytes):>12}{c.seconds * 1e3:>10.3f}")
+    lines.append("")
+    if self.target:
+      lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")
+    lines.append(f"budget {fmt_bytes(self.budget_bytes)}; no remat {fmt_bytes(self.no_remat_bytes)}; "
+                 f"fixed (params, batch, grads) {fmt_bytes(self.fixed_bytes)}")
+    lines.append(f"predicted footprint {fmt_bytes(self.predicted_total_bytes)}, recompute adds "
+                 f"{self.predicted_seconds * 1e3:.3f} ms per step")
+    if self.measured_total_bytes is not None:
+      lines.append(f"XLA-measured footprint {fmt_bytes(self.measured_total_bytes)} "
+                   f"({len(self.compiled)} plan(s) compiled)")
+    lines.append("frontier (predicted footprint: added ms): " + ", ".join(
+        f"{fmt_bytes(b)}: {s * 1e3:.3f}" for b, s in self.frontier))
+    return "\n".join(lines)
+
+  def plot_frontier(self, path: str) -> None:
+    """Draws the memory-versus-time frontier with the chosen plan and the budget marked
+    (needs matplotlib: ``pip install "jaxremat[plot]"``)."""
+    from jaxremat._api.plot import plot_frontier
+    plot_frontier(path, self.frontier, (self.predicted_total_bytes, self.predicted_seconds),
+                  self.budget_bytes, self.measured_total_bytes)
+
+
+def fit(
+    model_fn: Callable[..., Any],
+    params: Any,
+    batch: Any,
+    memory_budget: float | int,
+    *,
+    layer_depth: int | None = None,
+    verify: bool = True,
+    target: str | Target | None = None,
+    **model_kwargs: Any,
+) -> Fitted:
+  """The fastest plan whose training step fits ``memory_budget``, per residual.
+
+  Each layer keeps its residuals, recomputes them, keeps only its matrix products'
+  outputs (jax's ``dots_saveable`` or ``dots_with_no_batch_dims_saveable``), keeps only
+  its costliest products' outputs (named automatically with ``checkpoint_name``), or on
+  a GPU target offloads them to host memory; runs of layers may be recomputed whole. A
+  DP over the chain picks the options of least predicted time (XLA's cost analysis
+  through the target's roofline) whose predicted footprint fits.
+
+  Args:
+    model_fn, params, batch, layer_depth, target, **model_kwargs: as for ``apply``.
+    memory_budget: the step's footprint allowed: a float in ``(0, 1]`` is a share of
+      the activations (the no-remat footprint less the fixed bytes), on top of the fixed
+      bytes; an int or a float above 1 is bytes.
+    verify: compile the chosen plan and, while XLA's footprint exceeds the budget,
+      tighten the predicted budget by the excess and solve again (at most
+      ``MAX_FIT_COMPILES`` compiles in all, plus one of the plain step for a fractional
+      budget). ``False``: the prediction alone, nothing compiled.
+
+  Raises:
+    InvalidBudgetError: ``memory_budget`` is not a positive number.
+    InfeasibleBudgetError: no plan fits; ``min_feasible_bytes`` is the least footprint
+      found (XLA's when ``verify``), and the message says which.
+    NotAChainError: the layers are not a chain (a graph: use ``apply``).
+  """
+  checks.check_model_fn(model_fn)
+  checks.check_arrays("params", params)
+  checks.check_arrays("batch", batch)
+  _check_budget(memory_budget)
+  resolved = get_target(target)
+  clock = Stopwatch()
+  with clock("trace"):
+    traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  checks.check_float_output(traced)
+  if traced.is_graph:
+    raise NotAChainError(f"{traced.not_a_chain} jaxremat.fit plans chains of layers; plan "
+                         "this model with jaxremat.apply (budget_bytes=) instead.")
+  key = input_key(params, batch, model_kwargs)
+
+  def measured(plan: Plan | PolicyPlan) -> int:
+    with clock("compile"):
+      drop_in = DropIn(model_fn, plan, layer_depth, traced, key)
+      return measure(training_loss(drop_in, model_kwargs), params, batch,
+                     target=resolved).total_bytes
+
+  with clock("profile"):
+    planner = make_planner(traced, (), params, batch, model_kwargs, False,
+                           "gpu" if resolved else None)
+    chain = planner.chain
+    costs = group_costs(traced, chain, roofline_for(resolved.name if resolved else None),
+                        offload=resolved is not None)
+  fixed, n = planner.fixed_bytes, chain.n
+  final = chain.act_bytes[n] + chain.cot_bytes[n]
+  no_remat = measured(Plan()) if verify else planner.total_bytes(Plan())
+  budget = _budget_bytes(memory_budget, fixed, no_remat)
+  with clock("solve"):
+    frontier = tuple((fixed + b, s) for b, s, _ in policy_frontier(costs, n, final))
+  compiled: list[int] = []
+  chosen, footprint = None, None
+  tried, excess = None, 0
+  allowed = budget - fixed
+  with clock("solve"):
+    for _ in range(MAX_FIT_COMPILES if verify else 1):
+      try:
+        groups = solve_policy(costs, n, allowed, final)
+      except InfeasibleBudgetError as err:
+        if chosen is None and not compiled:
+          raise _infeasible(budget, fixed + err.min_feasible_bytes, "predicted") from None
+        break
+      if not verify:
+        chosen = groups
+        break
+      if compiled and groups == tried:  # tightened too little to change the plan
+        allowed -= excess
+        continue
+      got = measured(as_plan(groups))
+      compiled.append(got)
+      if got <= budget:
+        chosen, footprint = groups, got
+        break
+      tried, excess = groups, got - budget
+      allowed -= excess  # XLA needs this much more than predicted: ask for less
+  if chosen is None:
+    raise _infeasible(budget, min(compiled), "XLA-measured, of the plans compiled")
+  plan = as_plan(chosen)
+  return Fitted(
+      fn=DropIn(model_fn, plan, layer_depth, traced, key), plan=plan, costs=chosen,
+      chain=chain, budget_bytes=budget, fixed_bytes=fixed, no_remat_bytes=no_remat,
+      predicted_total_bytes=fixed + peak_bytes(chosen, final),
+      predicted_seconds=sum(c.seconds for c in chosen), measured_total_bytes=footprint,
+      compiled=tuple(compiled), frontier=frontier,
+      target=resolved.name if resolved else None, stage_seconds=dict(clock.seconds))
+
+
+def _check_budget(memory_budget: object) -> None:
+  if isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real):
+    raise InvalidArgumentError(
+        f"memory_budget must be a share of the activations in (0, 1] or a number of bytes, "
+        f"got {type(memory_budget).__name__} {memory_budget!r}.")
+  if not memory_budget > 0 or memory_budget == float("inf"):
+    raise InvalidBudgetError(
+        f"memory_budget must be a share of the activations in (0, 1] or a positive number "
+        f"of bytes, got {memory_budget!r}.")
+
+
+def _budget_bytes(memory_budget: float | int, fixed: int, no_remat: int) -> int:
+  """The budget in bytes: a float in (0, 1] is that share of the activations above
+  the fixed bytes."""
+  if isinstance(memory_budget, float) and memory_budget <= 1:
+    return int(fixed + memory_budget * max(no_remat - fixed, 0))
+  return int(memory_budget)
+
+
+def _infeasible(budget: int, least: int, how: str) -> InfeasibleBudgetError:
+  return InfeasibleBudgetError(
+      f"no plan fits the step in {fmt_bytes(budget)}; the least footprint found is "
+      f"{fmt_bytes(least)} ({how}). Raise the budget to at least that, or use a smaller "
+      "batch.", budget_bytes=budget, min_feasible_bytes=least)

@@ -1,0 +1,101 @@
+"""A roofline time model: seconds of an XLA program from its cost analysis (issue 24).
+
+``seconds = max(flops / flops_per_second, bytes_accessed / bytes_per_second)``, with
+``flops`` and ``bytes accessed`` as XLA's cost analysis counts them for the lowered
+program. GPU targets take their figures from the devices' public data sheets; the local
+CPU is measured once per process (a matrix product and a copy, both jitted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+  """Peak rates of one device.
+
+  Attributes:
+    name: the device.
+    flops_per_second: matrix-product FLOP/s (f32 inputs as XLA runs them by default).
+    bytes_per_second: device memory bandwidth (bytes/s).
+    host_bytes_per_second: device-to-host link bandwidth for offload (bytes/s; 0: none).
+    host_overlap: share of offload traffic hidden behind compute (0..1).
+  """
+
+  name: str
+  flops_per_second: float
+  bytes_per_second: float
+  host_bytes_per_second: float = 0.0
+  host_overlap: float = 0.0
+
+  def seconds(self, flops: float, bytes_accessed: float) -> float:
+    """The roofline time of a program of ``flops`` FLOPs touching ``bytes_accessed`` bytes."""
+    return max(flops / self.flops_per_second, bytes_accessed / self.bytes_per_second)
+
+  def offload_seconds(self, num_bytes: float) -> float:
+    """What moving ``num_bytes`` to host memory and back adds to a step (seconds)."""
+    if not self.host_bytes_per_second:
+      return float("inf")
+    return 2 * num_bytes / self.host_bytes_per_second * (1 - self.host_overlap)
+
+
+#: Data-sheet figures: dense TF32 matrix FLOP/s (XLA's default for f32 dots on these GPUs),
+#: HBM bandwidth, PCIe (Gen5 x16 on H100 SXM, Gen4 x16 on A100) at about 80% of its peak;
+#: half the offload traffic assumed hidden behind compute.
+GPU_ROOFLINES: Mapping[str, Roofline] = {
+    "h100": Roofline("h100", 494.7e12, 3.35e12, 50e9, 0.5),
+    "a100": Roofline("a100", 156e12, 2.039e12, 25e9, 0.5),
+}
+
+
+def cost(fn: Callable[..., Any], *args: Any, compiled: bool = True) -> tuple[float, float]:
+  """``(flops, bytes accessed)`` of ``jax.jit(fn)`` for ``args`` (arrays or
+  ``ShapeDtypeStruct``s) by XLA's cost analysis: of the compiled program on the local
+  backend (fusions counted once), or with ``compiled=False`` of the lowered one (every
+  operation's operands and result: bytes are an upper bound)."""
+  lowered = jax.jit(fn).lower(*args)
+  analysis = lowered.compile().cost_analysis() if compiled else lowered.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
+    analysis = analysis[0] if analysis else {}
+  analysis = analysis or {}
+  return float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
+
+
+@functools.cache
+def local_roofline() -> Roofline:
+  """The local backend's rates, measured: the best of 5 runs of a 1024^3 f32 product
+  (FLOP/s) and of a 64 MiB f32 copy-with-add (bytes/s)."""
+  a = jnp.ones((1024, 1024), jnp.float32)
+  v = jnp.ones((16 * 2**20,), jnp.float32)
+  matmul = jax.jit(lambda x: x @ x)
+  stream = jax.jit(lambda x: x + 1.0)
+  flops = 2 * 1024**3 / _best_seconds(matmul, a)
+  bandwidth = 2 * v.nbytes / _best_seconds(stream, v)
+  return Roofline(jax.default_backend(), flops, bandwidth)
+
+
+def roofline_for(target: str | None) -> Roofline:
+  """The roofline of a named GPU target (``"h100"``, ``"a100"``), or the local device's."""
+  if target is None:
+    return local_roofline()
+  if target in GPU_ROOFLINES:
+    return GPU_ROOFLINES[target]
+  raise ValueError(f"no roofline figures for target {target!r}; known: {sorted(GPU_ROOFLINES)}.")
+
+
+def _best_seconds(fn: Callable[[jax.Array], jax.Array], x: jax.Array, runs: int = 5) -> float:
+  fn(x).block_until_ready()
+  best = float("inf")
+  for _ in range(runs):
+    start = time.perf_counter()
+    fn(x).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return best
