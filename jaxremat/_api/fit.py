@@ -17,16 +17,20 @@ from jaxremat._api import checks
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
 from jaxremat._api.measure import measure
-from jaxremat._api.planner import fmt_bytes, make_planner
+from jaxremat._api.planner import Planner, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
-from jaxremat._backends.policy_options import group_costs
+from jaxremat._backends.policy_options import OptionCosts, group_costs
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.targets import Target, get_target
-from jaxremat._errors import (InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError,
-                              NotAChainError)
+from jaxremat._errors import (
+  InfeasibleBudgetError,
+  InvalidArgumentError,
+  InvalidBudgetError,
+  NotAChainError,
+)
 from jaxremat._jaxpr.trace import trace
 from jaxremat._model.chain import Chain, Plan
-from jaxremat._model.policy_plan import GroupCost, PolicyPlan, peak_bytes
+from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, from_plan, peak_bytes
 from jaxremat.solvers._policy import as_plan, policy_frontier, solve_policy
 
 MAX_FIT_COMPILES = 4  # the chosen plan, then up to 3 tightened ones
@@ -120,7 +124,8 @@ def fit(
   its costliest products' outputs (named automatically with ``checkpoint_name``), or on
   a GPU target offloads them to host memory; runs of layers may be recomputed whole. A
   DP over the chain picks the options of least predicted time (XLA's cost analysis
-  through the target's roofline) whose predicted footprint fits.
+  through the target's roofline) whose predicted footprint fits. The bytes are scaled
+  once so that keeping every residual predicts the no-remat footprint.
 
   Args:
     model_fn, params, batch, layer_depth, target, **model_kwargs: as for ``apply``.
@@ -162,49 +167,120 @@ def fit(
     planner = make_planner(traced, (), params, batch, model_kwargs, False,
                            "gpu" if resolved else None)
     chain = planner.chain
-    costs = group_costs(traced, chain, roofline_for(resolved.name if resolved else None),
-                        offload=resolved is not None)
+    assert isinstance(chain, Chain)  # a graph was rejected above
+    options = OptionCosts(traced, chain, roofline_for(resolved.name if resolved else None))
+    costs = group_costs(options, offload=resolved is not None)
   fixed, n = planner.fixed_bytes, chain.n
   final = chain.act_bytes[n] + chain.cot_bytes[n]
   no_remat = measured(Plan()) if verify else planner.total_bytes(Plan())
   budget = _budget_bytes(memory_budget, fixed, no_remat)
+  # One calibration: the groups' bytes scaled so that keeping everything predicts the
+  # no-remat footprint (XLA's, or the backend's estimate without verify).
+  keep_all = [c for c in costs if c.group.option.kind == KEEP]
+  scale = max(no_remat - fixed, 1) / max(peak_bytes(keep_all, final), 1)
   with clock("solve"):
-    frontier = tuple((fixed + b, s) for b, s, _ in policy_frontier(costs, n, final))
+    frontier = tuple((fixed + round(scale * b), s)
+                     for b, s, _ in policy_frontier(costs, n, final))
+    search = _Search(costs, n, final, int((budget - fixed) / scale), scale,
+                     _LayerPlans(planner, options, budget))
   compiled: list[int] = []
   chosen, footprint = None, None
-  tried, excess = None, 0
-  allowed = budget - fixed
   with clock("solve"):
     for _ in range(MAX_FIT_COMPILES if verify else 1):
-      try:
-        groups = solve_policy(costs, n, allowed, final)
-      except InfeasibleBudgetError as err:
-        if chosen is None and not compiled:
-          raise _infeasible(budget, fixed + err.min_feasible_bytes, "predicted") from None
-        break
-      if not verify:
+      groups = search.next()
+      if groups is None or not verify:
         chosen = groups
         break
-      if compiled and groups == tried:  # tightened too little to change the plan
-        allowed -= excess
-        continue
       got = measured(as_plan(groups))
       compiled.append(got)
       if got <= budget:
         chosen, footprint = groups, got
         break
-      tried, excess = groups, got - budget
-      allowed -= excess  # XLA needs this much more than predicted: ask for less
+      search.failed(groups, got - budget)
   if chosen is None:
+    if not compiled:
+      raise _infeasible(budget, fixed + round(scale * search.least), "predicted")
     raise _infeasible(budget, min(compiled), "XLA-measured, of the plans compiled")
   plan = as_plan(chosen)
   return Fitted(
       fn=DropIn(model_fn, plan, layer_depth, traced, key), plan=plan, costs=chosen,
       chain=chain, budget_bytes=budget, fixed_bytes=fixed, no_remat_bytes=no_remat,
-      predicted_total_bytes=fixed + peak_bytes(chosen, final),
+      predicted_total_bytes=fixed + round(scale * peak_bytes(chosen, final)),
       predicted_seconds=sum(c.seconds for c in chosen), measured_total_bytes=footprint,
       compiled=tuple(compiled), frontier=frontier,
       target=resolved.name if resolved else None, stage_seconds=dict(clock.seconds))
+
+
+class _LayerPlans:
+  """Layer-boundary plans as groups, as ``apply(budget_bytes=)`` tries them: the budget
+  plan on the backend's estimate, solved again for a budget lowered by XLA's excess after
+  each miss, then (once the estimate finds none) the planner's fallback plans, least
+  recompute first."""
+
+  def __init__(self, planner: Planner, options: OptionCosts, budget: int):
+    self.planner, self.options, self.budget = planner, options, budget
+    self.fallbacks: list[Plan] | None = None
+    self.current = self._next()
+
+  def _next(self) -> tuple[GroupCost, ...] | None:
+    plan = None
+    if self.fallbacks is None:
+      try:
+        plan = self.planner.solve_budget(self.budget)
+      except InfeasibleBudgetError:
+        self.fallbacks = sorted(dict.fromkeys(Plan(p.checkpoints)
+                                              for p in self.planner.budget_fallbacks()),
+                                key=self.planner.recompute_flops)
+    if plan is None and self.fallbacks:
+      plan = self.fallbacks.pop(0)
+    if plan is None:
+      return None
+    return tuple(self.options.of(g)
+                 for g in from_plan(plan.checkpoints, self.planner.chain.n).groups)
+
+  def missed(self, excess_bytes: int) -> None:
+    self.budget -= excess_bytes
+    self.current = self._next()
+
+
+class _Search:
+  """The plans to compile, fastest predicted first: the DP's plan within the allowance
+  (bytes above the fixed ones, in the groups' own scale) and the layer-boundary plan,
+  each solved again for less after XLA finds it over the budget; none twice."""
+
+  def __init__(self, costs: list[GroupCost], n: int, final: int, allowed: int, scale: float,
+               layer_plans: _LayerPlans):
+    self.costs, self.n, self.final, self.allowed, self.scale = costs, n, final, allowed, scale
+    self.layer_plans = layer_plans
+    self.tried: list[tuple[GroupCost, ...]] = []
+    self.least = 0  # the least predicted peak, in the groups' scale, once the DP finds none
+    self._excess = 1
+
+  def _solved(self) -> tuple[GroupCost, ...] | None:
+    for _ in range(64):
+      try:
+        groups = solve_policy(self.costs, self.n, self.allowed, self.final)
+      except InfeasibleBudgetError as err:
+        self.least = err.min_feasible_bytes
+        return None
+      if groups not in self.tried:
+        return groups
+      self.allowed -= self._excess  # tightened too little to change the plan
+    return None
+
+  def next(self) -> tuple[GroupCost, ...] | None:
+    found = [g for g in (self._solved(), self.layer_plans.current)
+             if g is not None and g not in self.tried]
+    return min(found, key=lambda g: sum(c.seconds for c in g)) if found else None
+
+  def failed(self, groups: tuple[GroupCost, ...], excess_bytes: int) -> None:
+    """``groups`` compiled to ``excess_bytes`` over the budget."""
+    self.tried.append(groups)
+    if groups is self.layer_plans.current:
+      self.layer_plans.missed(excess_bytes)
+    else:
+      self._excess = max(int(excess_bytes / self.scale), 1)
+      self.allowed -= self._excess  # XLA needs this much more than predicted: ask for less
 
 
 def _check_budget(memory_budget: object) -> None:
@@ -212,7 +288,8 @@ def _check_budget(memory_budget: object) -> None:
     raise InvalidArgumentError(
         f"memory_budget must be a share of the activations in (0, 1] or a number of bytes, "
         f"got {type(memory_budget).__name__} {memory_budget!r}.")
-  if not memory_budget > 0 or memory_budget == float("inf"):
+  value = float(memory_budget)
+  if not value > 0 or value == float("inf"):
     raise InvalidBudgetError(
         f"memory_budget must be a share of the activations in (0, 1] or a positive number "
         f"of bytes, got {memory_budget!r}.")

@@ -30,67 +30,92 @@ from jaxremat._jaxpr.layer_vjp import spec
 from jaxremat._jaxpr.signature import layer_signature
 from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Chain
-from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
-                                         GroupCost, Option)
+from jaxremat._model.policy_plan import (
+  DOTS,
+  DOTS_NO_BATCH,
+  KEEP,
+  NAMES,
+  RECOMPUTE,
+  Group,
+  GroupCost,
+  Option,
+)
 
 NAME_OPTIONS = 3  # prefixes of the products' knapsack order offered per layer
 _PRODUCTS = ("dot_general", "conv_general_dilated")
 
 
-def group_costs(traced: TracedChain, chain: Chain, roofline: Roofline,
-                offload: bool = False, max_group: int | None = None) -> list[GroupCost]:
-  """Every candidate group of ``traced``'s chain with its bytes and seconds.
+def group_costs(costs: OptionCosts, offload: bool = False,
+                max_group: int | None = None) -> list[GroupCost]:
+  """Every candidate group of the chain with its bytes and seconds.
+
+  Args:
+    costs: the chain's ``OptionCosts``.
+    offload: offer offload options (a backend with host memory: GPU targets).
+    max_group: the most layers one recomputed group may span (default: all).
+  """
+  traced = costs.traced
+  n = len(traced.layers)
+  found = [costs.of(Group(i, i + 1, option)) for i in range(n)
+           for option in (Option(KEEP), *_candidates(traced, i, offload))]
+  span = n if max_group is None else max_group
+  found += [costs.of(Group(l, r, Option(RECOMPUTE)))
+            for l in range(n) for r in range(l + 2, min(n, l + span) + 1)]
+  return [c for c in found if math.isfinite(c.seconds)]
+
+
+class OptionCosts:
+  """Bytes and seconds of any group of a traced chain (``of``); layers of equal structure
+  are measured once.
 
   Args:
     traced: the traced chain (not a graph).
     chain: its profile (``Planner.chain``): bytes per layer as XLA is modelled to keep them.
     roofline: the target's rates.
-    offload: offer offload options (a backend with host memory: GPU targets).
-    max_group: the most layers one recomputed group may span (default: all).
   """
-  n = len(traced.layers)
-  grad_invariants = set(traced.param_vars) | set(traced.prelude_outputs)
-  cache: dict[tuple[Hashable, Option], tuple[int, float]] = {}
-  forward: dict[tuple[Hashable, None], tuple[float, float]] = {}
-  per_layer: list[list[GroupCost]] = []
-  recompute_seconds = []
-  for i, layer in enumerate(traced.layers):
-    base = chain.workspace_bytes[i] + chain.cot_bytes[i] + chain.cot_bytes[i + 1]
-    b, e, x = chain.res_bytes[i], chain.input_res_bytes[i], chain.act_bytes[i]
-    key = layer_signature(layer, layer.inputs, grad_invariants, i > 0)
-    options = [GroupCost(Group(i, i + 1, Option(KEEP)), b, base, 0.0)]
-    for option in _candidates(traced, i, offload):
-      measured_key = (key if key is not None else ("layer", i), option)
-      if measured_key not in cache:
-        if (key, None) not in forward:
-          fn, in_vars, _ = policy_segment(traced, Group(i, i + 1, Option(KEEP)))
-          forward[(key, None)] = cost(fn, *map(spec, in_vars))
-        cache[measured_key] = _measure(traced, i, option, grad_invariants, roofline,
-                                       forward[(key, None)])
-      kept, seconds = cache[measured_key]
-      host = _offloaded_bytes(traced, i, option)
-      seconds += roofline.offload_seconds(host) if host else 0.0
-      if not math.isfinite(seconds):
-        continue
-      stored = x + min(kept, max(b - e, 0))
-      options.append(GroupCost(Group(i, i + 1, option), stored,
-                               max(b - e - kept, 0) + host + base, seconds, host))
-    recompute_seconds.append(next(c.seconds for c in options
-                                  if c.group.option.kind == RECOMPUTE))
-    per_layer.append(options)
-  costs = [c for options in per_layer for c in options]
-  span = n if max_group is None else max_group
-  for l in range(n):
-    held = -chain.input_res_bytes[l]
-    transient = 0
-    for r in range(l + 1, min(n, l + span)):  # layers l..r, r > l
-      held += chain.res_bytes[r - 1]
-      for i in (r - 1, r):
-        base = chain.workspace_bytes[i] + chain.cot_bytes[i] + chain.cot_bytes[i + 1]
-        transient = max(transient, held + (chain.res_bytes[r] if i == r else 0) + base)
-      costs.append(GroupCost(Group(l, r + 1, Option(RECOMPUTE)), chain.act_bytes[l],
-                             transient, sum(recompute_seconds[l:r + 1])))
-  return costs
+
+  def __init__(self, traced: TracedChain, chain: Chain, roofline: Roofline):
+    self.traced, self.chain, self.roofline = traced, chain, roofline
+    self._grad_invariants = set(traced.param_vars) | set(traced.prelude_outputs)
+    self._measured: dict[tuple[Hashable, Option], tuple[int, float]] = {}
+    self._forward: dict[Hashable, tuple[float, float]] = {}
+
+  def _base(self, i: int) -> int:
+    """Bytes beside the residuals during layer ``i``'s backward: workspace, cotangents."""
+    c = self.chain
+    return c.workspace_bytes[i] + c.cot_bytes[i] + c.cot_bytes[i + 1]
+
+  def of(self, group: Group) -> GroupCost:
+    """The group's ``GroupCost`` (seconds ``inf`` where an offload has no host link)."""
+    c, (l, r) = self.chain, (group.start, group.stop)
+    if r - l > 1:  # recomputed whole: hold the input, rebuild every residual
+      held, transient = -c.input_res_bytes[l], 0
+      for i in range(l, r):
+        held += c.res_bytes[i]
+        transient = max(transient, held + self._base(i))
+      return GroupCost(group, c.act_bytes[l], transient,
+                       sum(self.of(Group(i, i + 1, Option(RECOMPUTE))).seconds
+                           for i in range(l, r)))
+    b, e = c.res_bytes[l], c.input_res_bytes[l]
+    if group.option.kind == KEEP:
+      return GroupCost(group, b, self._base(l), 0.0)
+    kept, seconds = self._measure(l, group.option)
+    host = _offloaded_bytes(self.traced, l, group.option)
+    seconds += self.roofline.offload_seconds(host) if host else 0.0
+    return GroupCost(group, c.act_bytes[l] + min(kept, max(b - e, 0)),
+                     max(b - e - kept, 0) + host + self._base(l), seconds, host)
+
+  def _measure(self, i: int, option: Option) -> tuple[int, float]:
+    layer = self.traced.layers[i]
+    key = layer_signature(layer, layer.inputs, self._grad_invariants, i > 0)
+    key = ("layer", i) if key is None else key
+    if key not in self._forward:
+      fn, in_vars, _ = policy_segment(self.traced, Group(i, i + 1, Option(KEEP)))
+      self._forward[key] = cost(fn, *map(spec, in_vars))
+    if (key, option) not in self._measured:
+      self._measured[(key, option)] = _measure(self.traced, i, option, self._grad_invariants,
+                                               self.roofline, self._forward[key])
+    return self._measured[(key, option)]
 
 
 def _products(traced: TracedChain, i: int) -> list[int]:

@@ -11,8 +11,7 @@ from jaxremat._errors import InvalidPlanError
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Plan, validate_plan
-from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, Group,
-                                         PolicyPlan)
+from jaxremat._model.policy_plan import DOTS, DOTS_NO_BATCH, KEEP, NAMES, Group, PolicyPlan
 
 _Segment = tuple[Callable[..., Any], list, list]  # (function, its input vars, its output vars)
 

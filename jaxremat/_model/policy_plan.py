@@ -115,6 +115,15 @@ class PolicyPlan:
         else f"layers {g.start + 1}-{g.stop}: {g.option.describe()}" for g in self.groups)
 
 
+def from_plan(checkpoints: tuple[int, ...], n: int) -> PolicyPlan:
+  """A layer-boundary plan (``Plan.checkpoints``) as groups: every segment but the last
+  recomputed whole from its input, the last segment's layers kept."""
+  bounds = (0, *checkpoints)
+  groups = [Group(a, b, Option(RECOMPUTE)) for a, b in zip(bounds[:-1], bounds[1:])]
+  groups += [Group(i, i + 1, Option(KEEP)) for i in range(bounds[-1], n)]
+  return PolicyPlan(tuple(groups))
+
+
 def peak_bytes(costs: tuple[GroupCost, ...] | list[GroupCost], final_bytes: int = 0) -> int:
   """Peak bytes (above the fixed bytes) of the groups in order: the largest of every
   group's backward (the stored bytes of the groups before it plus its own stored and

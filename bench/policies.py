@@ -1,0 +1,240 @@
+"""jaxremat.fit against the per-tensor policies users pick, at 25/50/75% of the activations.
+
+    PYTHONPATH=. python bench/policies.py [--models vit-d64-L6,mlp-uneven] [--target h100] \
+        [--out bench/results/policies-cpu/policies.json]
+
+For each model and each budget (fixed bytes plus 25%, 50%, 75% of the no-remat
+activations, XLA-measured), every strategy's XLA footprint, predicted recompute time (the
+target's roofline over XLA's cost analysis, ``_backends/policy_options.OptionCosts``) and,
+on the local backend, its measured step time (median of ``--runs`` runs of the jitted
+gradient step). Strategies:
+
+* ``fit``: ``jaxremat.fit(..., memory_budget)``, per-residual;
+* ``layer budget``: ``jaxremat.apply(..., budget_bytes=)``, layer boundaries only;
+* ``nothing``, ``dots``, ``dots-no-batch``: every layer under ``jax.checkpoint`` with
+  ``nothing_saveable``, ``dots_saveable``, ``dots_with_no_batch_dims_saveable``;
+* ``save-qkv`` (MaxText-style): every layer keeps the outputs of its products named
+  ``query``, ``key``, ``value`` or ``qkv`` and recomputes the rest;
+* ``save-attention-dots`` (MaxText-style "save the dots except the MLP's"): every layer
+  keeps the outputs of its products inside an attention module;
+* ``offload`` (GPU targets): every layer offloads its products' outputs to host memory.
+
+XLA's auto-remat needs the GPU compiler's memory limit; on CPU the column says n/a.
+A strategy fits a budget when XLA's footprint is at most the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from typing import Any
+
+import jax
+
+import jaxremat
+from jaxremat._api.dropin import DropIn, input_key
+from jaxremat._api.loss import training_loss
+from jaxremat._api.planner import make_planner
+from jaxremat._backends.policy_options import OptionCosts
+from jaxremat._backends.roofline import roofline_for
+from jaxremat._jaxpr.trace import trace
+from jaxremat._model.chain import Plan
+from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
+                                         Option, PolicyPlan)
+from jaxremat.zoo_registry import get, tagged
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
+import unseen  # noqa: E402
+from record import run_meta, write_result  # noqa: E402
+
+BUDGETS = (0.25, 0.5, 0.75)
+_PRODUCTS = ("dot_general", "conv_general_dilated")
+_QKV = re.compile(r"/(query|key|value|qkv)[^/]*$")
+
+
+def _products(layer: Any, pattern: re.Pattern[str] | None = None,
+              inside: str | None = None) -> frozenset[int]:
+  found = set()
+  for k, eqn in enumerate(layer.eqns):
+    if eqn.primitive.name not in _PRODUCTS:
+      continue
+    stack = str(eqn.source_info.name_stack)
+    if pattern is not None and not pattern.search(stack):
+      continue
+    if inside is not None and inside not in stack.lower():
+      continue
+    found.add(k)
+  return frozenset(found)
+
+
+def per_layer(n: int, option: Any) -> PolicyPlan:
+  """Every layer under the option ``option(i)`` gives (a policy applied per block)."""
+  return PolicyPlan(tuple(Group(i, i + 1, option(i)) for i in range(n)))
+
+
+def names_or_recompute(saved: frozenset[int]) -> Option:
+  return Option(NAMES, saved=saved) if saved else Option(RECOMPUTE)
+
+
+def as_policy(plan: Plan, n: int) -> PolicyPlan:
+  """A layer-boundary plan as groups: each segment but the last recomputed whole, the
+  last one's layers kept."""
+  bounds = (0, *plan.checkpoints)
+  groups = [Group(a, b, Option(RECOMPUTE)) for a, b in zip(bounds[:-1], bounds[1:])]
+  groups += [Group(i, i + 1, Option(KEEP)) for i in range(bounds[-1], n)]
+  return PolicyPlan(tuple(groups))
+
+
+def step_seconds(loss: Any, params: Any, x: Any, runs: int) -> float:
+  """Least wall time of the jitted gradient step over ``runs`` runs (seconds), after one
+  warm-up run (the least: the 2-core CI machine's noise only adds)."""
+  step = jaxremat.jit(jax.grad(loss))
+  jax.block_until_ready(step(params, x))
+  times = []
+  for _ in range(runs):
+    start = time.perf_counter()
+    jax.block_until_ready(step(params, x))
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: str | None,
+              runs: int) -> list[dict]:
+  apply_kwargs = dict(kwargs)
+  traced = trace(model.apply, params, x, apply_kwargs, None)
+  n = len(traced.layers)
+  planner = make_planner(traced, (), params, x, apply_kwargs, False, "gpu" if target else None)
+  costs = OptionCosts(traced, planner.chain, roofline_for(target))
+  fixed = planner.fixed_bytes
+
+  def predicted_seconds(plan: PolicyPlan) -> float:
+    return sum(costs.of(g).seconds for g in plan.groups)
+
+  def measured(fn: Any) -> tuple[int, float | None]:
+    loss = training_loss(fn, apply_kwargs)
+    footprint = jaxremat.measure(loss, params, x, target=target).total_bytes
+    return footprint, None if target else step_seconds(loss, params, x, runs)
+
+  layers = traced.layers
+  fixed_plans = {
+      "nothing": per_layer(n, lambda i: Option(RECOMPUTE)),
+      "dots": per_layer(n, lambda i: Option(DOTS)),
+      "dots-no-batch": per_layer(n, lambda i: Option(DOTS_NO_BATCH)),
+  }
+  if any(_products(layer, _QKV) for layer in layers):
+    fixed_plans["save-qkv"] = per_layer(n, lambda i: names_or_recompute(
+        _products(layers[i], _QKV)))
+    fixed_plans["save-attention-dots"] = per_layer(n, lambda i: names_or_recompute(
+        _products(layers[i], inside="attention")))
+  if target:
+    fixed_plans["offload"] = per_layer(n, lambda i: Option(
+        NAMES, offloaded=_products(layers[i])) if _products(layers[i]) else Option(RECOMPUTE))
+  base_bytes, base_seconds = measured(model.apply)
+  strategies: dict[str, dict[str, Any]] = {}
+  for label, plan in fixed_plans.items():
+    fn = DropIn(model.apply, plan, None, traced, input_key(params, x, apply_kwargs))
+    footprint, seconds = measured(fn)
+    strategies[label] = {"bytes": footprint, "step_s": seconds,
+                         "predicted_s": predicted_seconds(plan)}
+  rows = []
+  for share in BUDGETS:
+    budget = int(fixed + share * (base_bytes - fixed))
+    row = {"model": name, "layers": n, "share": share, "budget_bytes": budget,
+           "fixed_bytes": fixed, "no_remat_bytes": base_bytes, "no_remat_step_s": base_seconds,
+           "strategies": {k: dict(v) for k, v in strategies.items()}}
+    start = time.perf_counter()
+    try:
+      fitted = jaxremat.fit(model.apply, params, x, share, target=target, **apply_kwargs)
+      footprint, seconds = measured(fitted.fn)
+      row["strategies"]["fit"] = {
+          "bytes": footprint, "step_s": seconds, "predicted_s": fitted.predicted_seconds,
+          "predicted_bytes": fitted.predicted_total_bytes, "compiles": len(fitted.compiled),
+          "fit_s": round(time.perf_counter() - start, 2), "plan": fitted.plan.describe()}
+    except jaxremat.InfeasibleBudgetError as err:
+      row["strategies"]["fit"] = {"infeasible": str(err)}
+    try:
+      r = jaxremat.apply(model.apply, params, x, budget_bytes=budget, target=target,
+                         **apply_kwargs)
+      footprint, seconds = measured(r.fn)
+      row["strategies"]["layer budget"] = {
+          "bytes": footprint, "step_s": seconds,
+          "predicted_s": predicted_seconds(as_policy(r.plan, n)),
+          "checkpoints": list(r.plan.checkpoints)}
+    except jaxremat.InfeasibleBudgetError as err:
+      row["strategies"]["layer budget"] = {"infeasible": str(err)}
+    rows.append(row)
+    print(markdown([row]).splitlines()[-1], flush=True)
+  return rows
+
+
+ORDER = ("fit", "layer budget", "nothing", "dots", "dots-no-batch", "save-qkv",
+         "save-attention-dots", "offload")
+
+
+def markdown(rows: list[dict]) -> str:
+  """Per model and budget: each strategy's XLA footprint (MiB), predicted recompute time
+  and measured step time (ms), ``over`` where it does not fit; which fitting strategy is
+  least by predicted time and by measured step time."""
+  head = ("| model | budget | no remat MiB / step ms | " + " | ".join(ORDER)
+          + " | least predicted | least measured |")
+  lines = [head, "|" + "---|" * (len(ORDER) + 5)]
+  for row in rows:
+    cells, predicted, measured = [], {}, {}
+    for key in ORDER:
+      s = row["strategies"].get(key)
+      if s is None or "infeasible" in s:
+        cells.append("n/a" if s is None else "infeasible")
+        continue
+      fits = s["bytes"] <= row["budget_bytes"]
+      if fits:
+        predicted[key] = s["predicted_s"]
+        if s["step_s"] is not None:
+          measured[key] = s["step_s"]
+      step = f" / {s['step_s'] * 1e3:.1f}" if s["step_s"] is not None else ""
+      cells.append(f"{s['bytes'] / 2**20:.2f} ({s['predicted_s'] * 1e3:.2f}{step})"
+                   + ("" if fits else " over"))
+    least = [min(d, key=d.get) if d else "-" for d in (predicted, measured)]
+    base = row["no_remat_step_s"]
+    lines.append(
+        f"| {row['model']} | {row['share']:.0%} = {row['budget_bytes'] / 2**20:.2f} MiB | "
+        f"{row['no_remat_bytes'] / 2**20:.2f}"
+        + (f" / {base * 1e3:.1f}" if base is not None else "") + " | "
+        + " | ".join(cells) + f" | {least[0]} | {least[1]} |")
+  return "\n".join(lines)
+
+
+def models(names: list[str] | None) -> list[tuple[str, Any, Any, Any, dict]]:
+  found = []
+  for spec in tagged("cpu"):
+    if names is None or spec.name in names:
+      model, x, params = spec.instantiate()
+      found.append((spec.name, model, x, params, spec.apply_kwargs()))
+  for name, (model, x) in unseen.models().items():
+    short = name.split(" (")[0]
+    if names is None or short in names:
+      found.append((short, model, x, jax.jit(model.init)(jax.random.key(0), x), {}))
+  return found
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", help="comma-separated model names (default: the CPU zoo "
+                      "and bench/unseen.py's models)")
+  parser.add_argument("--target", help="a GPU target to compile for deviceless (h100, a100)")
+  parser.add_argument("--runs", type=int, default=15, help="timed runs per step")
+  parser.add_argument("--out", default="bench/results/policies-cpu/policies.json")
+  args = parser.parse_args(argv)
+  start = time.perf_counter()
+  rows = []
+  for name, model, x, params, kwargs in models(args.models.split(",") if args.models else None):
+    rows += run_model(name, model, x, params, kwargs, args.target, args.runs)
+  table = markdown(rows)
+  print(table)
+  write_result(args.out, run_meta(time.perf_counter() - start, target=args.target), rows, table)
+
+
+if __name__ == "__main__":
+  main()
