@@ -182,7 +182,7 @@ def fit(
     frontier = tuple((fixed + round(scale * b), s)
                      for b, s, _ in policy_frontier(costs, n, final))
     search = _Search(costs, n, final, int((budget - fixed) / scale), scale,
-                     _LayerPlans(planner, options, budget))
+                     _LayerPlans(planner, options, budget, fallbacks=verify), verify)
   compiled: list[int] = []
   chosen, footprint = None, None
   with clock("solve"):
@@ -214,20 +214,20 @@ def fit(
 class _LayerPlans:
   """Layer-boundary plans as groups, as ``apply(budget_bytes=)`` tries them: the budget
   plan on the backend's estimate, solved again for a budget lowered by XLA's excess after
-  each miss, then (once the estimate finds none) the planner's fallback plans, least
-  recompute first."""
+  each miss, then (once the estimate finds none, and with ``fallbacks``: XLA will judge
+  them) the planner's fallback plans, least recompute first."""
 
-  def __init__(self, planner: Planner, options: OptionCosts, budget: int):
+  def __init__(self, planner: Planner, options: OptionCosts, budget: int, fallbacks: bool):
     self.planner, self.options, self.budget = planner, options, budget
-    self.fallbacks: list[Plan] | None = None
+    self.fallbacks: list[Plan] | None = None if fallbacks else []
     self.current = self._next()
 
   def _next(self) -> tuple[GroupCost, ...] | None:
     plan = None
-    if self.fallbacks is None:
-      try:
-        plan = self.planner.solve_budget(self.budget)
-      except InfeasibleBudgetError:
+    try:
+      plan = self.planner.solve_budget(self.budget)
+    except InfeasibleBudgetError:
+      if self.fallbacks is None:
         self.fallbacks = sorted(dict.fromkeys(Plan(p.checkpoints)
                                               for p in self.planner.budget_fallbacks()),
                                 key=self.planner.recompute_flops)
@@ -249,8 +249,9 @@ class _Search:
   each solved again for less after XLA finds it over the budget; none twice."""
 
   def __init__(self, costs: list[GroupCost], n: int, final: int, allowed: int, scale: float,
-               layer_plans: _LayerPlans):
+               layer_plans: _LayerPlans, xla_judges: bool):
     self.costs, self.n, self.final, self.allowed, self.scale = costs, n, final, allowed, scale
+    self.xla_judges = xla_judges  # else a plan must fit by its prediction
     self.layer_plans = layer_plans
     self.tried: list[tuple[GroupCost, ...]] = []
     self.least = 0  # the least predicted peak, in the groups' scale, once the DP finds none
@@ -270,7 +271,8 @@ class _Search:
 
   def next(self) -> tuple[GroupCost, ...] | None:
     found = [g for g in (self._solved(), self.layer_plans.current)
-             if g is not None and g not in self.tried]
+             if g is not None and g not in self.tried
+             and (self.xla_judges or peak_bytes(g, self.final) <= self.allowed)]
     return min(found, key=lambda g: sum(c.seconds for c in g)) if found else None
 
   def failed(self, groups: tuple[GroupCost, ...], excess_bytes: int) -> None:

@@ -1,0 +1,171 @@
+"""Policy plans and jaxremat.fit (issue 24): exact gradients, budgets XLA confirms, least time."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxremat
+from jaxremat import zoo
+from jaxremat._api.dropin import DropIn, input_key
+from jaxremat._api.loss import training_loss
+from jaxremat._api.planner import make_planner
+from jaxremat._backends.policy_options import OptionCosts
+from jaxremat._backends.roofline import Roofline, local_roofline
+from jaxremat._jaxpr.trace import trace
+from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
+                                         Option, PolicyPlan)
+
+pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
+
+KEY = jax.random.key(0)
+
+# (name, model, input, kwargs, tolerance): BatchNorm state, dropout RNG, bf16, attention
+MODELS = [
+    ("mlp", zoo.mlp([64, 128, 32, 96, 10]), jnp.ones((8, 20)), {}, 1e-5),
+    ("resnet-batchnorm", zoo.resnet((1, 1), width=8), jax.random.normal(KEY, (4, 16, 16, 3)),
+     {"mutable": ["batch_stats"]}, 1e-4),
+    ("dropout", zoo.DropoutMLP((32, 64, 32, 10), rate=0.3), jnp.ones((8, 20)),
+     {"rngs": {"dropout": jax.random.key(7)}}, 1e-5),
+    ("bf16", zoo.mlp([64, 128, 32, 10], dtype=jnp.bfloat16), jnp.ones((8, 20), jnp.bfloat16), {},
+     2e-2),
+    ("gpt", zoo.gpt(vocab_size=64, max_len=16, dim=32, depth=2, num_heads=2),
+     jnp.arange(32, dtype=jnp.int32).reshape(2, 16) % 64, {}, 1e-5),
+]
+
+
+def _init(model, x, kwargs):
+  return model.init({"params": KEY, **kwargs.get("rngs", {})}, x)
+
+
+def _assert_trees_close(a, b, tol):
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
+    x32, y32 = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    scale = max(1.0, float(np.max(np.abs(x32))))
+    np.testing.assert_allclose(y32, x32, atol=tol * scale, rtol=tol,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def _products(layer):
+  return frozenset(k for k, e in enumerate(layer.eqns)
+                   if e.primitive.name in ("dot_general", "conv_general_dilated"))
+
+
+def _plans(traced):
+  """Every option kind on every layer, and a mixed plan with a multi-layer group."""
+  n = len(traced.layers)
+  per_layer = lambda option: PolicyPlan(tuple(Group(i, i + 1, option(i)) for i in range(n)))
+  names = lambda i: (Option(NAMES, saved=frozenset(sorted(_products(traced.layers[i]))[:1]))
+                     if _products(traced.layers[i]) else Option(RECOMPUTE))
+  mixed = PolicyPlan((Group(0, 2, Option(RECOMPUTE)), Group(2, 3, Option(DOTS)),
+                      *(Group(i, i + 1, Option(KEEP)) for i in range(3, n))))
+  return {"recompute": per_layer(lambda i: Option(RECOMPUTE)),
+          "dots": per_layer(lambda i: Option(DOTS)),
+          "dots-no-batch": per_layer(lambda i: Option(DOTS_NO_BATCH)),
+          "names": per_layer(names), "mixed": mixed}
+
+
+@pytest.mark.parametrize("name,model,x,kwargs,tol", MODELS, ids=[m[0] for m in MODELS])
+def test_policy_plans_keep_gradients(name, model, x, kwargs, tol):
+  params = _init(model, x, kwargs)
+  traced = trace(model.apply, params, x, kwargs, None)
+  assert len(traced.layers) >= 4
+  want = jax.jit(jax.grad(training_loss(model.apply, kwargs)))(params, x)
+  for label, plan in _plans(traced).items():
+    fn = DropIn(model.apply, plan, None, traced, input_key(params, x, kwargs))
+    got = jax.jit(jax.grad(training_loss(fn, kwargs)))(params, x)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want), label
+    _assert_trees_close(want, got, tol)
+
+
+def _vit():
+  model = zoo.vit(patch=4, dim=32, depth=4, num_heads=2)
+  x = jax.random.normal(KEY, (8, 16, 16, 3))
+  return model, x, model.init(KEY, x)
+
+
+@pytest.mark.parametrize("share", [0.5, 0.75])
+def test_fit_fits_and_is_fastest_of_the_fitting_policies(share):
+  model, x, params = _vit()
+  f = jaxremat.fit(model.apply, params, x, share)
+  loss = training_loss(f.fn, {})
+  footprint = jaxremat.measure(loss, params, x).total_bytes
+  assert footprint == f.measured_total_bytes <= f.budget_bytes
+  assert f.budget_bytes == int(f.fixed_bytes + share * (f.no_remat_bytes - f.fixed_bytes))
+  _assert_trees_close(jax.grad(training_loss(model.apply, {}))(params, x),
+                      jax.grad(loss)(params, x), 1e-5)
+  # Against jax's per-layer policies: each that XLA fits in the budget is predicted slower.
+  traced = f.fn.traced
+  costs = OptionCosts(traced, f.chain, local_roofline())
+  for label, plan in _plans(traced).items():
+    fn = DropIn(model.apply, plan, None, traced, input_key(params, x, {}))
+    if jaxremat.measure(training_loss(fn, {}), params, x).total_bytes <= f.budget_bytes:
+      assert f.predicted_seconds <= sum(costs.of(g).seconds for g in plan.groups) * (1 + 1e-9), label
+  frontier = f.frontier
+  assert all(b0 < b1 and s0 > s1 for (b0, s0), (b1, s1) in zip(frontier, frontier[1:]))
+  assert "XLA-measured footprint" in f.report()
+
+
+def test_fit_without_verify_compiles_nothing():
+  model, x, params = _vit()
+  f = jaxremat.fit(model.apply, params, x, 0.5, verify=False)
+  assert f.measured_total_bytes is None and f.compiled == ()
+  assert f.predicted_total_bytes <= f.budget_bytes
+
+
+def test_fit_budget_errors():
+  model, x, params = _vit()
+  with pytest.raises(jaxremat.InvalidArgumentError, match="memory_budget"):
+    jaxremat.fit(model.apply, params, x, "half")
+  with pytest.raises(jaxremat.InvalidBudgetError, match="positive"):
+    jaxremat.fit(model.apply, params, x, -0.5)
+  with pytest.raises(jaxremat.InfeasibleBudgetError, match="least footprint") as err:
+    jaxremat.fit(model.apply, params, x, 1024)  # bytes: below the parameters alone
+  assert err.value.min_feasible_bytes > 1024
+
+
+def test_fit_rejects_a_graph():
+  class Skip(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      a = nn.Dense(16)(x)
+      b = nn.relu(nn.Dense(16)(a))
+      c = nn.Dense(16)(b)
+      return nn.Dense(4)(c + a)
+
+  x = jnp.ones((4, 8))
+  params = Skip().init(KEY, x)
+  with pytest.raises(jaxremat.NotAChainError, match="jaxremat.apply"):
+    jaxremat.fit(Skip().apply, params, x, 0.5, layer_depth=1)
+
+
+def test_option_bytes_and_seconds():
+  model, x, params = _vit()
+  traced = trace(model.apply, params, x, {}, None)
+  planner = make_planner(traced, (), params, x, {}, False, None)
+  chain = planner.chain
+  costs = OptionCosts(traced, chain, Roofline("test", 1e12, 1e11))
+  block = next(i for i, layer in enumerate(traced.layers) if len(_products(layer)) >= 4)
+  layer = traced.layers[block]
+  of = lambda option: costs.of(Group(block, block + 1, option))
+  keep, recompute, dots = of(Option(KEEP)), of(Option(RECOMPUTE)), of(Option(DOTS))
+  assert keep.stored_bytes == chain.res_bytes[block] and keep.seconds == 0
+  assert recompute.stored_bytes == chain.act_bytes[block]
+  assert recompute.stored_bytes < dots.stored_bytes <= keep.stored_bytes + chain.act_bytes[block]
+  assert recompute.seconds >= dots.seconds >= 0
+  products = sorted(_products(layer))
+  for k in products[:3]:
+    saved = of(Option(NAMES, saved=frozenset({k})))
+    out = sum(v.aval.size * v.aval.dtype.itemsize for v in layer.eqns[k].outvars)
+    assert 0 <= saved.stored_bytes - chain.act_bytes[block] <= out
+    assert saved.seconds <= recompute.seconds
+
+
+def test_roofline_is_the_larger_of_compute_and_memory_time():
+  r = Roofline("x", flops_per_second=1e12, bytes_per_second=1e11, host_bytes_per_second=1e10,
+               host_overlap=0.25)
+  assert r.seconds(2e12, 1e10) == pytest.approx(2.0)
+  assert r.seconds(1e9, 5e11) == pytest.approx(5.0)
+  assert r.offload_seconds(1e10) == pytest.approx(2 * 1.0 * 0.75)
+  assert Roofline("cpu", 1.0, 1.0).offload_seconds(1) == float("inf")
