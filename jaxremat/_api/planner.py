@@ -248,8 +248,12 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
           "take sharded inputs yet; pass unsharded params and batch.")
     return GraphPlanner(profile_graph(traced, calibrate=calibrate, platform=platform), fixed,
                         traced.not_a_chain)
-  prof = profile(traced, calibrate=calibrate, backend=platform)
-  chain = _scan.with_workspace(prof.chain, scans) if scans else prof.chain
+  # A segmented scan's backward (one segment recomputed, then its backward loop) is
+  # compiled alone for its workspace on the local backend; a GPU target keeps the rule.
+  segmented = {s.layer for s in scans if s.rematerialised} if platform is None else set()
+  prof = profile(traced, calibrate=calibrate or segmented, backend=platform)
+  ruled = tuple(s for s in scans if s.layer not in segmented)
+  chain = _scan.with_workspace(prof.chain, ruled) if ruled else prof.chain
   if sharded:  # bytes per device from here on
     flat = jax.tree_util.tree_leaves((params, batch, arrays))
     prof = _sharding.per_device_profile(traced, dataclasses.replace(prof, chain=chain), flat)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
@@ -64,14 +64,15 @@ class Profile:
   buffers: Buffers
 
 
-def profile(traced: TracedChain, calibrate: bool = False,
+def profile(traced: TracedChain, calibrate: bool | Collection[int] = False,
             backend: str | Backend | None = None) -> Profile:
   """Measures the chain of ``traced`` (bytes are dtype-aware; FLOPs from XLA's cost model).
 
   ``backend`` (a platform name or a ``Backend``; default: JAX's default backend) picks
   what XLA is modelled to keep and add (``registry.backend_for``).
 
-  With ``calibrate``, each layer's forward and backward is also compiled alone; what
+  With ``calibrate``, each layer's forward and backward is also compiled alone (or only
+  the layers whose indices ``calibrate`` lists); what
   XLA's temp needs beyond the layer's residuals becomes its workspace ``w_i``. (A temp
   below the residuals does not lower ``b_i``: alone, a layer can recompute cheap
   residuals from its input, which in the whole program is not held.)
@@ -126,6 +127,8 @@ def profile(traced: TracedChain, calibrate: bool = False,
       cpu=added.cpu)
   if calibrate:
     for i, layer in enumerate(layers):
+      if calibrate is not True and i not in calibrate:
+        continue
       temp = backward_temp_bytes(layer, inputs[i], grad_invariants, differentiate_inputs=i > 0)
       modelled = start[i].total_bytes if start else 0  # walked by the estimate instead
       work[i] = max(0, temp - (res[i] - own[i]) - modelled)

@@ -69,6 +69,23 @@ def inner_closed_jaxpr(eqn: JaxprEqn) -> jex_core.ClosedJaxpr | None:
   return None
 
 
+#: Primitives that draw random bits from a key.
+RANDOM_PRIMITIVES = frozenset({"random_bits", "rng_bit_generator", "threefry2x32", "rng_uniform"})
+
+
+def draws_random_bits(eqns: Iterable[JaxprEqn]) -> bool:
+  """True when ``eqns`` (or a jaxpr nested in one of their parameters) draw random bits."""
+  for eqn in eqns:
+    if eqn.primitive.name in RANDOM_PRIMITIVES:
+      return True
+    for value in eqn.params.values():
+      for inner in value if isinstance(value, (tuple, list)) else (value,):
+        jaxpr = inner.jaxpr if isinstance(inner, jex_core.ClosedJaxpr) else inner
+        if isinstance(jaxpr, jex_core.Jaxpr) and draws_random_bits(jaxpr.eqns):
+          return True
+  return False
+
+
 def fusible(eqn: JaxprEqn, primitives: frozenset = FUSIBLE_PRIMITIVES) -> bool:
   """True when XLA fuses ``eqn`` into its consumer: one of ``primitives``, or a call
   (``jit``, ``custom_jvp``) of only such primitives."""

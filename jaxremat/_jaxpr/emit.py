@@ -56,6 +56,29 @@ def emit(traced: TracedChain, plan: Plan | PolicyPlan) -> Callable[[Sequence[Any
   return run
 
 
+def _tied(fn: Callable[..., Any], eqns: Sequence[Any], in_vars: list,
+          traced: TracedChain) -> Callable[..., Any]:
+  """``fn``, with its inputs other than parameters passed through one
+  ``optimization_barrier`` first when ``eqns`` draw random bits.
+
+  Random bits depend on a key alone, so XLA's scheduler may draw every layer's bits at
+  the start of the step and hold them all (dropout: the bits of every block at once).
+  Tied to the segment's activation, a segment's bits are drawn when it runs.
+  """
+  if not _compat.draws_random_bits(eqns):
+    return fn
+  params = set(traced.param_vars)
+  tie = [k for k, v in enumerate(in_vars) if v not in params]
+
+  def tied(*args):
+    args = list(args)
+    for k, value in zip(tie, jax.lax.optimization_barrier([args[k] for k in tie])):
+      args[k] = value
+    return fn(*args)
+
+  return tied
+
+
 def _composed(children: list[_Segment], in_vars: list, out_vars: list) -> Callable[..., Any]:
   """Runs ``children`` in order over one environment of values."""
   def composed(*args):
@@ -79,7 +102,8 @@ def _segment(traced: TracedChain, l: int, r: int, plan: Plan | None) -> _Segment
   out_vars = _segment_outputs(traced, l, r)
   if plan is None or (not plan.checkpoints and not plan.inner):
     eqns = [e for layer in layers for e in layer.eqns]
-    return _compat.sub_function(eqns, in_vars, out_vars), in_vars, out_vars
+    fn = _tied(_compat.sub_function(eqns, in_vars, out_vars), eqns, in_vars, traced)
+    return fn, in_vars, out_vars
   bounds = (l, *plan.checkpoints, r)
   inner = dict(plan.inner)
   children = []
@@ -106,7 +130,8 @@ def _graph_root(traced: TracedChain, plan: Plan) -> _Segment:
     out_vars = list(dict.fromkeys(
         v for layer in inside for v in (*layer.outputs, *layer.side_outputs)
         if v in read_after or v in layer.side_outputs))
-    fn = _compat.sub_function([e for layer in inside for e in layer.eqns], in_vars, out_vars)
+    eqns = [e for layer in inside for e in layer.eqns]
+    fn = _tied(_compat.sub_function(eqns, in_vars, out_vars), eqns, in_vars, traced)
     if k < len(bounds) - 2:
       fn = jax.checkpoint(fn, prevent_cse=True)
     children.append((fn, in_vars, out_vars))
@@ -141,11 +166,12 @@ def policy_segment(traced: TracedChain, group: Group) -> _Segment:
   eqns = [e for layer in layers for e in layer.eqns]
   option = group.option
   if option.kind == KEEP:
-    return _compat.sub_function(eqns, in_vars, out_vars), in_vars, out_vars
+    return _tied(_compat.sub_function(eqns, in_vars, out_vars), eqns, in_vars, traced), \
+        in_vars, out_vars
   policies = jax.checkpoint_policies
   if option.kind == NAMES:
     names = {k: name_of(group.start, k) for k in (*option.saved, *option.offloaded)}
-    fn = _compat.named_function(eqns, in_vars, out_vars, names)
+    fn = _tied(_compat.named_function(eqns, in_vars, out_vars, names), eqns, in_vars, traced)
     saved = [names[k] for k in sorted(option.saved)]
     if option.offloaded:
       policy = policies.save_and_offload_only_these_names(
@@ -155,7 +181,7 @@ def policy_segment(traced: TracedChain, group: Group) -> _Segment:
     else:
       policy = policies.save_only_these_names(*saved)
   else:
-    fn = _compat.sub_function(eqns, in_vars, out_vars)
+    fn = _tied(_compat.sub_function(eqns, in_vars, out_vars), eqns, in_vars, traced)
     policy = {DOTS: policies.dots_saveable,
               DOTS_NO_BATCH: policies.dots_with_no_batch_dims_saveable}.get(
                   option.kind, policies.nothing_saveable)
