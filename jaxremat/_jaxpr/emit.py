@@ -70,11 +70,11 @@ def _tied(fn: Callable[..., Any], eqns: Sequence[Any], in_vars: list,
   params = set(traced.param_vars)
   tie = [k for k, v in enumerate(in_vars) if v not in params]
 
-  def tied(*args):
-    args = list(args)
-    for k, value in zip(tie, jax.lax.optimization_barrier([args[k] for k in tie])):
-      args[k] = value
-    return fn(*args)
+  def tied(*args: Any) -> Any:
+    values = list(args)
+    for k, value in zip(tie, jax.lax.optimization_barrier([values[k] for k in tie])):
+      values[k] = value
+    return fn(*values)
 
   return tied
 
