@@ -33,7 +33,7 @@ from jaxremat._model.chain import Chain, Plan
 from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, from_plan, peak_bytes
 from jaxremat.solvers._policy import as_plan, policy_frontier, solve_policy
 
-MAX_FIT_COMPILES = 4  # the chosen plan, then up to 3 tightened ones
+MAX_FIT_COMPILES = 6  # the chosen plan, then up to 5 tightened or other ones (as verify)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +125,9 @@ def fit(
   a GPU target offloads them to host memory; runs of layers may be recomputed whole. A
   DP over the chain picks the options of least predicted time (XLA's cost analysis
   through the target's roofline) whose predicted footprint fits. The bytes are scaled
-  once so that keeping every residual predicts the no-remat footprint.
+  once so that keeping every residual predicts the no-remat footprint. Where footprint
+  itself costs step time (XLA on CPU allocates the temp buffer every step), the plan aims
+  at the frontier point of least recompute plus footprint time within the budget.
 
   Args:
     model_fn, params, batch, layer_depth, target, **model_kwargs: as for ``apply``.
@@ -178,10 +180,15 @@ def fit(
   # no-remat footprint (XLA's, or the backend's estimate without verify).
   keep_all = [c for c in costs if c.group.option.kind == KEEP]
   scale = max(no_remat - fixed, 1) / max(peak_bytes(keep_all, final), 1)
+  allowed = int((budget - fixed) / scale)
   with clock("solve"):
-    frontier = tuple((fixed + round(scale * b), s)
-                     for b, s, _ in policy_frontier(costs, n, final))
-    search = _Search(costs, n, final, int((budget - fixed) / scale), scale,
+    points = policy_frontier(costs, n, final)
+    frontier = tuple((fixed + round(scale * b), s) for b, s, _ in points)
+    per_byte = options.roofline.seconds_per_footprint_byte
+    if per_byte:  # footprint costs time here (CPU): aim at the frontier's fastest step
+      fitting = [(s + per_byte * scale * b, b) for b, s, _ in points if b <= allowed]
+      allowed = min(fitting)[1] if fitting else allowed
+    search = _Search(costs, n, final, allowed, scale,
                      _LayerPlans(planner, options, budget, fallbacks=verify), verify)
   compiled: list[int] = []
   chosen, footprint = None, None
@@ -212,10 +219,10 @@ def fit(
 
 
 class _LayerPlans:
-  """Layer-boundary plans as groups, as ``apply(budget_bytes=)`` tries them: the budget
-  plan on the backend's estimate, solved again for a budget lowered by XLA's excess after
-  each miss, then (once the estimate finds none, and with ``fallbacks``: XLA will judge
-  them) the planner's fallback plans, least recompute first."""
+  """Layer-boundary plans as groups, as ``apply(budget_bytes=)`` tries them: model R's
+  budget plan (solved for less while the backend's estimate of it exceeds the budget),
+  solved again for a budget lowered by XLA's excess after each miss, then (once the estimate finds none, and with ``fallbacks``: XLA will judge
+  them) the planner's fallback plans (``_fallbacks``)."""
 
   def __init__(self, planner: Planner, options: OptionCosts, budget: int, fallbacks: bool):
     self.planner, self.options, self.budget = planner, options, budget
@@ -223,20 +230,35 @@ class _LayerPlans:
     self.current = self._next()
 
   def _next(self) -> tuple[GroupCost, ...] | None:
-    plan = None
-    try:
-      plan = self.planner.solve_budget(self.budget)
-    except InfeasibleBudgetError:
-      if self.fallbacks is None:
-        self.fallbacks = sorted(dict.fromkeys(Plan(p.checkpoints)
-                                              for p in self.planner.budget_fallbacks()),
-                                key=self.planner.recompute_flops)
+    plan, budget = None, self.budget
+    for _ in range(8):  # model R's budget plan, until the backend's estimate fits it too
+      try:
+        plan = self.planner.solve_budget(budget)
+      except InfeasibleBudgetError:
+        plan = None
+        break
+      over = self.planner.total_bytes(plan) - self.budget
+      if over <= 0:
+        break
+      budget, plan = budget - over, None
+    if plan is None and self.fallbacks is None:
+      self.fallbacks = self._fallbacks()
     if plan is None and self.fallbacks:
       plan = self.fallbacks.pop(0)
     if plan is None:
       return None
     return tuple(self.options.of(g)
                  for g in from_plan(plan.checkpoints, self.planner.chain.n).groups)
+
+  def _fallbacks(self) -> list[Plan]:
+    """The planner's fallback plans: those its estimate fits in the budget, least
+    recompute first, then the rest, smallest estimate first."""
+    plans = list(dict.fromkeys(Plan(p.checkpoints) for p in self.planner.budget_fallbacks()))
+    total = {p: self.planner.total_bytes(p) for p in plans}
+    fitting = sorted((p for p in plans if total[p] <= self.budget),
+                     key=self.planner.recompute_flops)
+    return fitting + sorted((p for p in plans if total[p] > self.budget),
+                            key=lambda p: total[p])
 
   def missed(self, excess_bytes: int) -> None:
     self.budget -= excess_bytes
