@@ -204,6 +204,16 @@ CASES = [
          jaxremat.InfeasibleBudgetError, r"below the least peak any plan reaches, \d+ bytes"),
     Case("chain-too-long", lambda: jaxremat.solve(jaxremat.Chain([1] * 31, [1] * 30), "brute"),
          jaxremat.ChainTooLongError, "accepts at most 20 layers; this chain has 30"),
+    Case("fit-budget-not-a-number", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, "half"),
+         jaxremat.InvalidArgumentError, r"memory_budget must be a share of the activations.*'half'"),
+    Case("fit-budget-not-positive", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 0),
+         jaxremat.InvalidBudgetError, r"positive number of bytes, got 0"),
+    Case("fit-budget-below-least", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 1000),
+         jaxremat.InfeasibleBudgetError, r"no plan fits the step in 1000 bytes .* the least "
+         r"footprint found is \d+ bytes"),
+    Case("fit-graph", lambda: jaxremat.fit(SkipAcrossLayers().apply, SkipAcrossLayers().init(
+        jax.random.key(0), X), X, 0.5),
+         jaxremat.NotAChainError, r"jaxremat.fit plans chains of layers.*jaxremat.apply"),
     # Plans and chains.
     Case("checkpoint-out-of-range", lambda: apply_mlp(plan=jaxremat.Plan((5,))),
          jaxremat.InvalidPlanError, r"out of range for a chain of 5 layers; valid indices are 1..4"),

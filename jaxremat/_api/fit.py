@@ -329,6 +329,6 @@ def _budget_bytes(memory_budget: float | int, fixed: int, no_remat: int) -> int:
 
 def _infeasible(budget: int, least: int, how: str) -> InfeasibleBudgetError:
   return InfeasibleBudgetError(
-      f"no plan fits the step in {fmt_bytes(budget)}; the least footprint found is "
-      f"{fmt_bytes(least)} ({how}). Raise the budget to at least that, or use a smaller "
-      "batch.", budget_bytes=budget, min_feasible_bytes=least)
+      f"no plan fits the step in {budget} bytes ({fmt_bytes(budget)}); the least footprint "
+      f"found is {least} bytes ({fmt_bytes(least)}, {how}). Raise the budget to at least "
+      "that, or use a smaller batch.", budget_bytes=budget, min_feasible_bytes=least)
