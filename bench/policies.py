@@ -48,7 +48,7 @@ from jaxremat._jaxpr.trace import trace
 from jaxremat._model.chain import Plan
 from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
                                          Option, PolicyPlan)
-from jaxremat.zoo_registry import get, tagged
+from jaxremat.zoo_registry import tagged
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
 import unseen  # noqa: E402
@@ -161,7 +161,6 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
     budget = int(fixed + share * (base_bytes - fixed))
     row = {"model": name, "layers": n, "share": share, "budget_bytes": budget,
            "fixed_bytes": fixed, "no_remat_bytes": base_bytes, "no_remat_step_s": base_seconds,
-           "seconds_per_footprint_byte": costs.roofline.seconds_per_footprint_byte,
            "strategies": {k: dict(v) for k, v in strategies.items()}}
     start = time.perf_counter()
     try:
@@ -198,17 +197,10 @@ ORDER = ("fit", "layer budget", "nothing", "dots", "dots-no-batch", "save-qkv",
          "save-attention-dots", "offload", "xla auto-remat")
 
 
-def step_delta(row: dict, s: dict) -> float:
-  """Predicted step time beyond no remat (seconds): the recompute, plus on CPU the
-  footprint's own cost (``Roofline.seconds_per_footprint_byte``) of XLA's footprint."""
-  per_byte = row.get("seconds_per_footprint_byte", 0.0)
-  return s["predicted_s"] + per_byte * (s["bytes"] - row["no_remat_bytes"])
-
-
 def markdown(rows: list[dict]) -> str:
   """Per model and budget: each strategy's XLA footprint (MiB), predicted recompute time
   and measured step time (ms), ``over`` where it does not fit; which fitting strategy is
-  least by predicted step time (``step_delta``) and by measured step time."""
+  least by predicted recompute time and by measured step time."""
   head = ("| model | budget | no remat MiB / step ms | " + " | ".join(ORDER)
           + " | least predicted | least measured |")
   lines = [head, "|" + "---|" * (len(ORDER) + 5)]
@@ -221,7 +213,7 @@ def markdown(rows: list[dict]) -> str:
         continue
       fits = s["bytes"] <= row["budget_bytes"]
       if fits and s["predicted_s"] == s["predicted_s"]:  # not NaN: XLA's remat has no estimate
-        predicted[key] = step_delta(row, s)
+        predicted[key] = s["predicted_s"]
         if s["step_s"] is not None:
           measured[key] = s["step_s"]
       step = f" / {s['step_s'] * 1e3:.1f}" if s["step_s"] is not None else ""

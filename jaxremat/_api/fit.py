@@ -125,9 +125,7 @@ def fit(
   a GPU target offloads them to host memory; runs of layers may be recomputed whole. A
   DP over the chain picks the options of least predicted time (XLA's cost analysis
   through the target's roofline) whose predicted footprint fits. The bytes are scaled
-  once so that keeping every residual predicts the no-remat footprint. Where footprint
-  itself costs step time (XLA on CPU allocates the temp buffer every step), the plan aims
-  at the frontier point of least recompute plus footprint time within the budget.
+  once so that keeping every residual predicts the no-remat footprint.
 
   Args:
     model_fn, params, batch, layer_depth, target, **model_kwargs: as for ``apply``.
@@ -184,10 +182,6 @@ def fit(
   with clock("solve"):
     points = policy_frontier(costs, n, final)
     frontier = tuple((fixed + round(scale * b), s) for b, s, _ in points)
-    per_byte = options.roofline.seconds_per_footprint_byte
-    if per_byte:  # footprint costs time here (CPU): aim at the frontier's fastest step
-      fitting = [(s + per_byte * scale * b, b) for b, s, _ in points if b <= allowed]
-      allowed = min(fitting)[1] if fitting else allowed
     search = _Search(costs, n, final, allowed, scale,
                      _LayerPlans(planner, options, budget, fallbacks=verify), verify)
   compiled: list[int] = []

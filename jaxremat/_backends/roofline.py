@@ -28,9 +28,6 @@ class Roofline:
     bytes_per_second: device memory bandwidth (bytes/s).
     host_bytes_per_second: device-to-host link bandwidth for offload (bytes/s; 0: none).
     host_overlap: share of offload traffic hidden behind compute (0..1).
-    seconds_per_footprint_byte: what each byte of the step's footprint costs per step
-      (seconds/byte): XLA on CPU allocates the step's temp buffer on every run, and the
-      fresh pages fault in; 0 where the allocator keeps its memory (GPU).
   """
 
   name: str
@@ -38,7 +35,6 @@ class Roofline:
   bytes_per_second: float
   host_bytes_per_second: float = 0.0
   host_overlap: float = 0.0
-  seconds_per_footprint_byte: float = 0.0
 
   def seconds(self, flops: float, bytes_accessed: float) -> float:
     """The roofline time of a program of ``flops`` FLOPs touching ``bytes_accessed`` bytes."""
@@ -73,25 +69,17 @@ def cost(fn: Callable[..., Any], *args: Any, compiled: bool = True) -> tuple[flo
   return float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
 
 
-#: Step-time cost of footprint on XLA:CPU (seconds per byte): the least-squares fit of
-#: measured step-time differences to recompute seconds and footprint differences over
-#: 193 compiled plans of 15 models (bench/results/policies-cpu, 2 cores): 0.62 ms per MiB.
-CPU_SECONDS_PER_FOOTPRINT_BYTE = 0.62e-3 / 2**20
-
-
 @functools.cache
 def local_roofline() -> Roofline:
   """The local backend's rates, measured: the best of 5 runs of a 1024^3 f32 product
-  (FLOP/s) and of a 64 MiB f32 copy-with-add (bytes/s); on CPU, the footprint's cost
-  ``CPU_SECONDS_PER_FOOTPRINT_BYTE``."""
+  (FLOP/s) and of a 64 MiB f32 copy-with-add (bytes/s)."""
   a = jnp.ones((1024, 1024), jnp.float32)
   v = jnp.ones((16 * 2**20,), jnp.float32)
   matmul = jax.jit(lambda x: x @ x)
   stream = jax.jit(lambda x: x + 1.0)
   flops = 2 * 1024**3 / _best_seconds(matmul, a)
   bandwidth = 2 * v.nbytes / _best_seconds(stream, v)
-  per_byte = CPU_SECONDS_PER_FOOTPRINT_BYTE if jax.default_backend() == "cpu" else 0.0
-  return Roofline(jax.default_backend(), flops, bandwidth, seconds_per_footprint_byte=per_byte)
+  return Roofline(jax.default_backend(), flops, bandwidth)
 
 
 def roofline_for(target: str | None) -> Roofline:
