@@ -45,9 +45,8 @@ from jaxremat._backends.policy_options import OptionCosts
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._jaxpr.trace import trace
-from jaxremat._model.chain import Plan
-from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
-                                         Option, PolicyPlan)
+from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, NAMES, RECOMPUTE, Group,
+                                         Option, PolicyPlan, from_plan)
 from jaxremat.zoo_registry import tagged
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
@@ -81,15 +80,6 @@ def per_layer(n: int, option: Any) -> PolicyPlan:
 
 def names_or_recompute(saved: frozenset[int]) -> Option:
   return Option(NAMES, saved=saved) if saved else Option(RECOMPUTE)
-
-
-def as_policy(plan: Plan, n: int) -> PolicyPlan:
-  """A layer-boundary plan as groups: each segment but the last recomputed whole, the
-  last one's layers kept."""
-  bounds = (0, *plan.checkpoints)
-  groups = [Group(a, b, Option(RECOMPUTE)) for a, b in zip(bounds[:-1], bounds[1:])]
-  groups += [Group(i, i + 1, Option(KEEP)) for i in range(bounds[-1], n)]
-  return PolicyPlan(tuple(groups))
 
 
 def auto_remat_target(name: str, limit_bytes: int) -> Target:
@@ -184,7 +174,7 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
       footprint, seconds = measured(r.fn)
       row["strategies"]["layer budget"] = {
           "bytes": footprint, "step_s": seconds,
-          "predicted_s": predicted_seconds(as_policy(r.plan, n)),
+          "predicted_s": predicted_seconds(from_plan(r.plan.checkpoints, n)),
           "checkpoints": list(r.plan.checkpoints)}
     except jaxremat.InfeasibleBudgetError as err:
       row["strategies"]["layer budget"] = {"infeasible": str(err)}

@@ -179,14 +179,13 @@ def fit(
   keep_all = [c for c in costs if c.group.option.kind == KEEP]
   scale = max(no_remat - fixed, 1) / max(peak_bytes(keep_all, final), 1)
   allowed = int((budget - fixed) / scale)
+  compiled: list[int] = []
+  chosen, footprint = None, None
   with clock("solve"):
     points = policy_frontier(costs, n, final)
     frontier = tuple((fixed + round(scale * b), s) for b, s, _ in points)
     search = _Search(costs, n, final, allowed, scale,
                      _LayerPlans(planner, options, budget, fallbacks=verify), verify)
-  compiled: list[int] = []
-  chosen, footprint = None, None
-  with clock("solve"):
     for _ in range(MAX_FIT_COMPILES if verify else 1):
       groups = search.next()
       if groups is None or not verify:
@@ -215,8 +214,9 @@ def fit(
 class _LayerPlans:
   """Layer-boundary plans as groups, as ``apply(budget_bytes=)`` tries them: model R's
   budget plan (solved for less while the backend's estimate of it exceeds the budget),
-  solved again for a budget lowered by XLA's excess after each miss, then (once the estimate finds none, and with ``fallbacks``: XLA will judge
-  them) the planner's fallback plans (``_fallbacks``)."""
+  solved again for a budget lowered by XLA's excess after each miss, then (once the
+  estimate finds none, and with ``fallbacks``: XLA will judge them) the planner's
+  fallback plans (``_fallbacks``)."""
 
   def __init__(self, planner: Planner, options: OptionCosts, budget: int, fallbacks: bool):
     self.planner, self.options, self.budget = planner, options, budget

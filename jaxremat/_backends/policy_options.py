@@ -8,10 +8,10 @@ Several consecutive layers may also be recomputed as one group (model R's segmen
 
 Bytes: the layer's residuals ``b_i``, own-input part ``e_i``, workspace ``w_i`` and
 cotangents come from the planner's profile (what the backend models XLA to keep); what a
-policy keeps of them is JAX's own list of saved residuals
-(``jax.ad_checkpoint``'s ``saved_residuals``) of the checkpointed layer. Seconds: what
-the option adds to the layer's forward-and-backward by XLA's cost analysis of the
-lowered program (FLOPs, bytes accessed), through a ``Roofline``; offload adds its
+policy keeps of them is what JAX's partial evaluation saves: the residual outputs of the
+checkpointed layer's VJP that are not its arguments. Seconds: the roofline time of what
+the backward recomputes, the layer's forward by XLA's cost analysis of its compiled
+program (FLOPs, bytes accessed) less the products the option keeps; offload adds its
 traffic at the target's host-link bandwidth. Layers of equal structure are measured once.
 """
 
@@ -26,7 +26,7 @@ import jax
 from jaxremat._backends.roofline import Roofline, cost
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.emit import policy_segment
-from jaxremat._jaxpr.layer_vjp import spec
+from jaxremat._jaxpr.layer_vjp import spec, vjp_of
 from jaxremat._jaxpr.signature import layer_signature
 from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Chain
@@ -45,22 +45,19 @@ NAME_OPTIONS = 3  # prefixes of the products' knapsack order offered per layer
 _PRODUCTS = ("dot_general", "conv_general_dilated")
 
 
-def group_costs(costs: OptionCosts, offload: bool = False,
-                max_group: int | None = None) -> list[GroupCost]:
+def group_costs(costs: OptionCosts, offload: bool = False) -> list[GroupCost]:
   """Every candidate group of the chain with its bytes and seconds.
 
   Args:
     costs: the chain's ``OptionCosts``.
     offload: offer offload options (a backend with host memory: GPU targets).
-    max_group: the most layers one recomputed group may span (default: all).
   """
   traced = costs.traced
   n = len(traced.layers)
   found = [costs.of(Group(i, i + 1, option)) for i in range(n)
            for option in (Option(KEEP), *_candidates(traced, i, offload))]
-  span = n if max_group is None else max_group
   found += [costs.of(Group(l, r, Option(RECOMPUTE)))
-            for l in range(n) for r in range(l + 2, min(n, l + span) + 1)]
+            for l in range(n) for r in range(l + 2, n + 1)]
   return [c for c in found if math.isfinite(c.seconds)]
 
 
@@ -171,7 +168,7 @@ def _measure(traced: TracedChain, i: int, option: Option, grad_invariants: set,
   bytes accessed) less the products the option keeps (their FLOPs, and the bytes they
   read and write).
   """
-  vjp, args, _ = _vjp(traced, i, option, grad_invariants)
+  vjp, args = _vjp(traced, i, option, grad_invariants)
 
   def residuals(*args: Any) -> list:
     return jax.tree_util.tree_leaves(vjp(*args)[1])
@@ -205,19 +202,8 @@ def _no_batch_dims(eqn: Any) -> bool:
 
 
 def _vjp(traced: TracedChain, i: int, option: Option, grad_invariants: set):
-  """``(vjp, args, cts)``: ``vjp(*args) -> (outputs, vjp_fn)`` of layer ``i`` under
-  ``option`` (cotangents for its float inputs and parameters), the abstract args and the
-  outputs' cotangents."""
-  fn, in_vars, out_vars = policy_segment(traced, Group(i, i + 1, option))
-  inputs = set(traced.layers[i].inputs) if i > 0 else set()
-  diff = [_compat.is_float(v.aval) and (v in inputs or v in grad_invariants) for v in in_vars]
-
-  def vjp(*args: Any) -> Any:
-    def f(*d: Any) -> list:
-      it = iter(d)
-      return fn(*[next(it) if m else a for a, m in zip(args, diff)])
-    return jax.vjp(f, *[a for a, m in zip(args, diff) if m])
-
-  cts = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype if _compat.is_float(v.aval)
-                              else jax.dtypes.float0) for v in out_vars]
-  return vjp, [spec(v) for v in in_vars], cts
+  """``(vjp, args)``: ``vjp(*args) -> (outputs, vjp_fn)`` of layer ``i`` under ``option``
+  (cotangents for its float inputs and parameters) and its abstract args."""
+  fn, in_vars, _ = policy_segment(traced, Group(i, i + 1, option))
+  vjp = vjp_of(fn, in_vars, traced.layers[i].inputs, grad_invariants, i > 0)
+  return vjp, [spec(v) for v in in_vars]

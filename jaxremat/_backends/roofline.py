@@ -56,13 +56,11 @@ GPU_ROOFLINES: Mapping[str, Roofline] = {
 }
 
 
-def cost(fn: Callable[..., Any], *args: Any, compiled: bool = True) -> tuple[float, float]:
+def cost(fn: Callable[..., Any], *args: Any) -> tuple[float, float]:
   """``(flops, bytes accessed)`` of ``jax.jit(fn)`` for ``args`` (arrays or
-  ``ShapeDtypeStruct``s) by XLA's cost analysis: of the compiled program on the local
-  backend (fusions counted once), or with ``compiled=False`` of the lowered one (every
-  operation's operands and result: bytes are an upper bound)."""
-  lowered = jax.jit(fn).lower(*args)
-  analysis = lowered.compile().cost_analysis() if compiled else lowered.cost_analysis()
+  ``ShapeDtypeStruct``s) by XLA's cost analysis of the program compiled on the local
+  backend (fusions counted once)."""
+  analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
   if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
     analysis = analysis[0] if analysis else {}
   analysis = analysis or {}

@@ -79,6 +79,20 @@ def _tied(fn: Callable[..., Any], eqns: Sequence[Any], in_vars: list,
   return tied
 
 
+def _segment_inputs(layers: Sequence[Any]) -> list:
+  """The inputs of a run of chain layers: the first one's inputs, then every invariant."""
+  return list(dict.fromkeys([*layers[0].inputs, *(v for layer in layers for v in layer.invariants)]))
+
+
+def _function(traced: TracedChain, eqns: list, in_vars: list, out_vars: list,
+              names: dict[int, str] | None = None) -> Callable[..., Any]:
+  """``eqns`` as a function of ``in_vars`` (outputs of equations in ``names`` passed
+  through ``checkpoint_name``), tied to its inputs when it draws random bits (``_tied``)."""
+  fn = (_compat.named_function(eqns, in_vars, out_vars, names) if names
+        else _compat.sub_function(eqns, in_vars, out_vars))
+  return _tied(fn, eqns, in_vars, traced)
+
+
 def _composed(children: list[_Segment], in_vars: list, out_vars: list) -> Callable[..., Any]:
   """Runs ``children`` in order over one environment of values."""
   def composed(*args):
@@ -98,12 +112,11 @@ def _segment_outputs(traced: TracedChain, l: int, r: int) -> list:
 def _segment(traced: TracedChain, l: int, r: int, plan: Plan | None) -> _Segment:
   """The function of chain layers ``l+1..r`` split by ``plan`` (``None``: run plainly)."""
   layers = traced.layers[l:r]
-  in_vars = list(dict.fromkeys([*layers[0].inputs, *(v for layer in layers for v in layer.invariants)]))
+  in_vars = _segment_inputs(layers)
   out_vars = _segment_outputs(traced, l, r)
   if plan is None or (not plan.checkpoints and not plan.inner):
     eqns = [e for layer in layers for e in layer.eqns]
-    fn = _tied(_compat.sub_function(eqns, in_vars, out_vars), eqns, in_vars, traced)
-    return fn, in_vars, out_vars
+    return _function(traced, eqns, in_vars, out_vars), in_vars, out_vars
   bounds = (l, *plan.checkpoints, r)
   inner = dict(plan.inner)
   children = []
@@ -130,8 +143,7 @@ def _graph_root(traced: TracedChain, plan: Plan) -> _Segment:
     out_vars = list(dict.fromkeys(
         v for layer in inside for v in (*layer.outputs, *layer.side_outputs)
         if v in read_after or v in layer.side_outputs))
-    eqns = [e for layer in inside for e in layer.eqns]
-    fn = _tied(_compat.sub_function(eqns, in_vars, out_vars), eqns, in_vars, traced)
+    fn = _function(traced, [e for layer in inside for e in layer.eqns], in_vars, out_vars)
     if k < len(bounds) - 2:
       fn = jax.checkpoint(fn, prevent_cse=True)
     children.append((fn, in_vars, out_vars))
@@ -142,7 +154,7 @@ def _graph_root(traced: TracedChain, plan: Plan) -> _Segment:
   return _composed(children, in_all, out_all), in_all, out_all
 
 
-def name_of(layer: int, eqn: int) -> str:
+def _name_of(layer: int, eqn: int) -> str:
   """The ``checkpoint_name`` of the outputs of equation ``eqn`` of layer ``layer`` (0-based)."""
   return f"jaxremat/{layer}/{eqn}"
 
@@ -152,8 +164,7 @@ def _policy_root(traced: TracedChain, plan: PolicyPlan) -> _Segment:
   ``jax.checkpoint`` with the group's policy."""
   n = len(traced.layers)
   children = [policy_segment(traced, g) for g in plan.groups]
-  in_vars = list(dict.fromkeys([*traced.layers[0].inputs,
-                                *(v for layer in traced.layers for v in layer.invariants)]))
+  in_vars = _segment_inputs(traced.layers)
   out_vars = _segment_outputs(traced, 0, n)
   return _composed(children, in_vars, out_vars), in_vars, out_vars
 
@@ -161,17 +172,16 @@ def _policy_root(traced: TracedChain, plan: PolicyPlan) -> _Segment:
 def policy_segment(traced: TracedChain, group: Group) -> _Segment:
   """``(function, input vars, output vars)`` of the group's layers under its option."""
   layers = traced.layers[group.start:group.stop]
-  in_vars = list(dict.fromkeys([*layers[0].inputs, *(v for layer in layers for v in layer.invariants)]))
+  in_vars = _segment_inputs(layers)
   out_vars = _segment_outputs(traced, group.start, group.stop)
   eqns = [e for layer in layers for e in layer.eqns]
   option = group.option
+  names = {k: _name_of(group.start, k) for k in (*option.saved, *option.offloaded)}
+  fn = _function(traced, eqns, in_vars, out_vars, names)
   if option.kind == KEEP:
-    return _tied(_compat.sub_function(eqns, in_vars, out_vars), eqns, in_vars, traced), \
-        in_vars, out_vars
+    return fn, in_vars, out_vars
   policies = jax.checkpoint_policies
   if option.kind == NAMES:
-    names = {k: name_of(group.start, k) for k in (*option.saved, *option.offloaded)}
-    fn = _tied(_compat.named_function(eqns, in_vars, out_vars, names), eqns, in_vars, traced)
     saved = [names[k] for k in sorted(option.saved)]
     if option.offloaded:
       policy = policies.save_and_offload_only_these_names(
@@ -181,7 +191,6 @@ def policy_segment(traced: TracedChain, group: Group) -> _Segment:
     else:
       policy = policies.save_only_these_names(*saved)
   else:
-    fn = _tied(_compat.sub_function(eqns, in_vars, out_vars), eqns, in_vars, traced)
     policy = {DOTS: policies.dots_saveable,
               DOTS_NO_BATCH: policies.dots_with_no_batch_dims_saveable}.get(
                   option.kind, policies.nothing_saveable)

@@ -25,6 +25,14 @@ def spec(v) -> jax.ShapeDtypeStruct:
 def differentiable(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
   """The layer as a function, its inputs, outputs, and which inputs get cotangents."""
   fn, in_vars, out_vars = layer_fn(layer, inputs)
+  return vjp_of(fn, in_vars, inputs, grad_invariants, differentiate_inputs), in_vars, out_vars
+
+
+def vjp_of(fn: Callable, in_vars: Sequence, inputs, grad_invariants,
+           differentiate_inputs: bool) -> Callable:
+  """``vjp(*args) -> (outputs, vjp_fn)`` of ``fn`` (a function of ``in_vars``), with
+  cotangents for its float ``in_vars`` that are ``inputs`` (when
+  ``differentiate_inputs``) or in ``grad_invariants``."""
   input_set = set(inputs)
   diff = [
       _compat.is_float(v.aval)
@@ -39,7 +47,7 @@ def differentiable(layer: Layer, inputs, grad_invariants, differentiate_inputs: 
 
     return jax.vjp(f, *[a for a, m in zip(args, diff) if m])
 
-  return vjp, in_vars, out_vars
+  return vjp
 
 
 def forward_and_backward(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool):
