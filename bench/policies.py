@@ -6,10 +6,12 @@
 For each model and each budget (fixed bytes plus 25%, 50%, 75% of the no-remat
 activations, XLA-measured), every strategy's XLA footprint, predicted recompute time (the
 target's roofline over XLA's cost analysis, ``_backends/policy_options.OptionCosts``) and,
-on the local backend, its measured step time (median of ``--runs`` runs of the jitted
-gradient step). Strategies:
+on the local backend, its measured step time (the least of ``3 * --rounds`` runs of the
+jitted gradient step; all of a model's distinct programs take turns, so that the machine's
+slow spells fall on all alike). Strategies:
 
-* ``fit``: ``jaxremat.fit(..., memory_budget)``, per-residual;
+* ``fit``: ``jaxremat.fit(..., memory_budget)``, per-residual (on the local backend it
+  returns the fastest of the fitting plans it timed: ``timed_by_fit`` in the JSON);
 * ``layer budget``: ``jaxremat.apply(..., budget_bytes=)``, layer boundaries only;
 * ``nothing``, ``dots``, ``dots-no-batch``: every layer under ``jax.checkpoint`` with
   ``nothing_saveable``, ``dots_saveable``, ``dots_with_no_batch_dims_saveable``;
@@ -41,8 +43,10 @@ import jaxremat
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
 from jaxremat._api.planner import make_planner
+from jaxremat._backends.measure import compile_step
 from jaxremat._backends.policy_options import OptionCosts
 from jaxremat._backends.roofline import roofline_for
+from jaxremat._backends.step_time import best_step_seconds
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._jaxpr.trace import trace
 from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, NAMES, RECOMPUTE, Group,
@@ -95,35 +99,25 @@ def auto_remat_target(name: str, limit_bytes: int) -> Target:
       compiler_options=(*base.compiler_options, ("xla_gpu_memory_limit_slop_factor", "100")))
 
 
-def step_seconds(loss: Any, params: Any, x: Any, runs: int) -> float:
-  """Least wall time of the jitted gradient step over ``runs`` runs (seconds), after one
-  warm-up run (the least: the 2-core CI machine's noise only adds)."""
-  step = jaxremat.jit(jax.grad(loss))
-  jax.block_until_ready(step(params, x))
-  times = []
-  for _ in range(runs):
-    start = time.perf_counter()
-    jax.block_until_ready(step(params, x))
-    times.append(time.perf_counter() - start)
-  return min(times)
-
-
 def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: str | None,
-              runs: int) -> list[dict]:
+              rounds: int) -> list[dict]:
   apply_kwargs = dict(kwargs)
   traced = trace(model.apply, params, x, apply_kwargs, None)
   n = len(traced.layers)
   planner = make_planner(traced, (), params, x, apply_kwargs, False, "gpu" if target else None)
   costs = OptionCosts(traced, planner.chain, roofline_for(target))
   fixed = planner.fixed_bytes
+  steps: dict[Any, Any] = {}  # one compiled step per distinct program, timed together
 
   def predicted_seconds(plan: PolicyPlan) -> float:
     return sum(costs.of(g).seconds for g in plan.groups)
 
-  def measured(fn: Any) -> tuple[int, float | None]:
+  def measured(program: Any, fn: Any) -> int:
     loss = training_loss(fn, apply_kwargs)
-    footprint = jaxremat.measure(loss, params, x, target=target).total_bytes
-    return footprint, None if target else step_seconds(loss, params, x, runs)
+    if target:
+      return jaxremat.measure(loss, params, x, target=target).total_bytes
+    footprint, steps[program] = compile_step(jax.grad(loss), params, x)
+    return footprint.total_bytes
 
   layers = traced.layers
   fixed_plans = {
@@ -139,46 +133,58 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
   if target:
     fixed_plans["offload"] = per_layer(n, lambda i: Option(
         NAMES, offloaded=_products(layers[i])) if _products(layers[i]) else Option(RECOMPUTE))
-  base_bytes, base_seconds = measured(model.apply)
+  base_bytes = measured("no remat", model.apply)
+  if not target:  # the same program compiled and timed twice: the timing's noise
+    measured("no remat, again", model.apply)
   strategies: dict[str, dict[str, Any]] = {}
   for label, plan in fixed_plans.items():
     fn = DropIn(model.apply, plan, None, traced, input_key(params, x, apply_kwargs))
-    footprint, seconds = measured(fn)
-    strategies[label] = {"bytes": footprint, "step_s": seconds,
+    strategies[label] = {"bytes": measured(plan, fn), "program": plan,
                          "predicted_s": predicted_seconds(plan)}
   rows = []
   for share in BUDGETS:
     budget = int(fixed + share * (base_bytes - fixed))
     row = {"model": name, "layers": n, "share": share, "budget_bytes": budget,
-           "fixed_bytes": fixed, "no_remat_bytes": base_bytes, "no_remat_step_s": base_seconds,
+           "fixed_bytes": fixed, "no_remat_bytes": base_bytes,
            "strategies": {k: dict(v) for k, v in strategies.items()}}
     start = time.perf_counter()
     try:
       fitted = jaxremat.fit(model.apply, params, x, share, target=target, **apply_kwargs)
-      footprint, seconds = measured(fitted.fn)
+      fit_s = round(time.perf_counter() - start, 2)
       row["strategies"]["fit"] = {
-          "bytes": footprint, "step_s": seconds, "predicted_s": fitted.predicted_seconds,
+          "bytes": measured(fitted.plan, fitted.fn), "program": fitted.plan,
+          "predicted_s": fitted.predicted_seconds,
           "predicted_bytes": fitted.predicted_total_bytes, "compiles": len(fitted.compiled),
-          "fit_s": round(time.perf_counter() - start, 2), "plan": fitted.plan.describe()}
+          "fit_s": fit_s, "plan": fitted.plan.describe(),
+          "timed_by_fit": [list(t) for t in fitted.timed]}
     except jaxremat.InfeasibleBudgetError as err:
       row["strategies"]["fit"] = {"infeasible": str(err)}
     if target:  # XLA's auto-remat, told the device has exactly the budget
       limited = auto_remat_target(target, budget)
       footprint = jaxremat.measure(training_loss(model.apply, apply_kwargs), params, x,
                                    target=limited).total_bytes
-      row["strategies"]["xla auto-remat"] = {"bytes": footprint, "step_s": None,
-                                             "predicted_s": float("nan")}
+      row["strategies"]["xla auto-remat"] = {"bytes": footprint, "predicted_s": float("nan")}
     try:
       r = jaxremat.apply(model.apply, params, x, budget_bytes=budget, target=target,
                          **apply_kwargs)
-      footprint, seconds = measured(r.fn)
+      program = ("layer budget", r.plan.checkpoints)
       row["strategies"]["layer budget"] = {
-          "bytes": footprint, "step_s": seconds,
+          "bytes": measured(program, r.fn), "program": program,
           "predicted_s": predicted_seconds(from_plan(r.plan.checkpoints, n)),
           "checkpoints": list(r.plan.checkpoints)}
     except jaxremat.InfeasibleBudgetError as err:
       row["strategies"]["layer budget"] = {"infeasible": str(err)}
     rows.append(row)
+  # Every distinct program's step timed in turns with the others (on the local backend).
+  programs = list(steps)
+  seconds = dict(zip(programs, best_step_seconds([steps[p] for p in programs], (params, x),
+                                                 rounds=rounds))) if steps else {}
+  for row in rows:
+    row["no_remat_step_s"] = seconds.get("no remat")
+    row["no_remat_again_step_s"] = seconds.get("no remat, again")
+    for s in row["strategies"].values():
+      if "infeasible" not in s:
+        s["step_s"] = seconds.get(s.pop("program", None))
     print(markdown([row]).splitlines()[-1], flush=True)
   return rows
 
@@ -192,8 +198,8 @@ def markdown(rows: list[dict]) -> str:
   and measured step time (ms), ``over`` where it does not fit; which fitting strategy is
   least by predicted recompute time and by measured step time."""
   head = ("| model | budget | no remat MiB / step ms | " + " | ".join(ORDER)
-          + " | least predicted | least measured |")
-  lines = [head, "|" + "---|" * (len(ORDER) + 5)]
+          + " | least predicted | least measured | fit / fastest | same step twice |")
+  lines = [head, "|" + "---|" * (len(ORDER) + 7)]
   for row in rows:
     cells, predicted, measured = [], {}, {}
     for key in ORDER:
@@ -212,11 +218,46 @@ def markdown(rows: list[dict]) -> str:
                    + ("" if fits else " over"))
     least = [min(d, key=d.get) if d else "-" for d in (predicted, measured)]
     base = row["no_remat_step_s"]
+    ratio = f"{measured['fit'] / min(measured.values()):.3f}" if "fit" in measured else "-"
+    noise = f"{_noise(row):+.1%}" if _noise(row) is not None else "-"
     lines.append(
         f"| {row['model']} | {row['share']:.0%} = {row['budget_bytes'] / 2**20:.2f} MiB | "
         f"{row['no_remat_bytes'] / 2**20:.2f}"
         + (f" / {base * 1e3:.1f}" if base is not None else "") + " | "
-        + " | ".join(cells) + f" | {least[0]} | {least[1]} |")
+        + " | ".join(cells) + f" | {least[0]} | {least[1]} | {ratio} | {noise} |")
+  return "\n".join(lines)
+
+
+def _noise(row: dict) -> float | None:
+  """The no-remat step's second compile's time over its first's, less one."""
+  a, b = row.get("no_remat_step_s"), row.get("no_remat_again_step_s")
+  return b / a - 1 if a and b else None
+
+
+def summary(rows: list[dict]) -> str:
+  """Counts over the rows: where some strategy fits, where fit fits, where it is least
+  by predicted time and by measured step time (strictly, within 2% and 5%)."""
+  fitting = [r for r in rows if any("bytes" in s and s["bytes"] <= r["budget_bytes"]
+                                    for s in r["strategies"].values())]
+  fit = [r for r in fitting if r["strategies"]["fit"].get("bytes", 1 << 62) <= r["budget_bytes"]]
+
+  def best(row: dict, key: str) -> float:
+    return min(s[key] for s in row["strategies"].values()
+               if "bytes" in s and s["bytes"] <= row["budget_bytes"]
+               and s.get(key) is not None and s[key] == s[key])
+
+  lines = [f"- rows {len(rows)}; some strategy fits {len(fitting)}; fit fits {len(fit)}",
+           f"- fit least predicted time: {sum(r['strategies']['fit']['predicted_s'] <= best(r, 'predicted_s') * (1 + 1e-9) for r in fit)} of {len(fit)}"]
+  timed = [r for r in fit if r["strategies"]["fit"].get("step_s")]
+  if timed:
+    ratios = [r["strategies"]["fit"]["step_s"] / best(r, "step_s") for r in timed]
+    noise = sorted(abs(_noise(r)) for r in timed if _noise(r) is not None)
+    lines.append(f"- fit least measured step time: {sum(x <= 1 for x in ratios)} of {len(timed)}; "
+                 f"within 2%: {sum(x <= 1.02 for x in ratios)}; within 5%: "
+                 f"{sum(x <= 1.05 for x in ratios)}; worst {max(ratios):.3f}x")
+    if noise:
+      lines.append(f"- the same step compiled and timed twice differs by {noise[len(noise) // 2]:.1%} "
+                   f"(median), {noise[-1]:.1%} at most")
   return "\n".join(lines)
 
 
@@ -238,14 +279,15 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--models", help="comma-separated model names (default: the CPU zoo "
                       "and bench/unseen.py's models)")
   parser.add_argument("--target", help="a GPU target to compile for deviceless (h100, a100)")
-  parser.add_argument("--runs", type=int, default=15, help="timed runs per step")
+  parser.add_argument("--rounds", type=int, default=5,
+                      help="rounds of timing, every program 3 runs a round (the least kept)")
   parser.add_argument("--out", default="bench/results/policies-cpu/policies.json")
   args = parser.parse_args(argv)
   start = time.perf_counter()
   rows = []
   for name, model, x, params, kwargs in models(args.models.split(",") if args.models else None):
-    rows += run_model(name, model, x, params, kwargs, args.target, args.runs)
-  table = markdown(rows)
+    rows += run_model(name, model, x, params, kwargs, args.target, args.rounds)
+  table = markdown(rows) + "\n\n" + summary(rows)
   print(table)
   write_result(args.out, run_meta(time.perf_counter() - start, target=args.target), rows, table)
 

@@ -214,6 +214,10 @@ CASES = [
     Case("fit-graph", lambda: jaxremat.fit(SkipAcrossLayers().apply, SkipAcrossLayers().init(
         jax.random.key(0), X), X, 0.5),
          jaxremat.NotAChainError, r"jaxremat.fit plans chains of layers.*jaxremat.apply"),
+    Case("fit-time-steps-without-verify",
+         lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 0.5, verify=False, time_steps=True),
+         jaxremat.InvalidArgumentError, r"time_steps=True runs the fitting plans on this "
+         r"machine, but verify=False compiles nothing"),
     # Plans and chains.
     Case("checkpoint-out-of-range", lambda: apply_mlp(plan=jaxremat.Plan((5,))),
          jaxremat.InvalidPlanError, r"out of range for a chain of 5 layers; valid indices are 1..4"),

@@ -88,7 +88,8 @@ def _vit():
 @pytest.mark.parametrize("share", [0.5, 0.75])
 def test_fit_fits_and_is_fastest_of_the_fitting_policies(share):
   model, x, params = _vit()
-  f = jaxremat.fit(model.apply, params, x, share)
+  f = jaxremat.fit(model.apply, params, x, share, time_steps=False)
+  assert f.timed == ()
   loss = training_loss(f.fn, {})
   footprint = jaxremat.measure(loss, params, x).total_bytes
   assert footprint == f.measured_total_bytes <= f.budget_bytes
@@ -105,6 +106,31 @@ def test_fit_fits_and_is_fastest_of_the_fitting_policies(share):
   frontier = f.frontier
   assert all(b0 < b1 and s0 > s1 for (b0, s0), (b1, s1) in zip(frontier, frontier[1:]))
   assert "XLA-measured footprint" in f.report()
+
+
+def test_fit_times_the_fitting_plans_and_returns_the_fastest_measured():
+  model, x, params = _vit()
+  f = jaxremat.fit(model.apply, params, x, 0.5)  # concrete inputs on the local backend
+  assert len(f.timed) >= 2 and f.timed[0][0] in f.report()
+  seconds = [s for _, _, s in f.timed]
+  assert seconds == sorted(seconds) and all(s > 0 for s in seconds)
+  assert all(total <= f.budget_bytes for _, total, _ in f.timed)
+  assert len({what for what, _, _ in f.timed}) == len(f.timed)
+  # The returned plan is the first timed one: XLA's footprint of its fn, re-measured.
+  loss = training_loss(f.fn, {})
+  assert jaxremat.measure(loss, params, x).total_bytes == f.measured_total_bytes == f.timed[0][1]
+  _assert_trees_close(jax.grad(training_loss(model.apply, {}))(params, x),
+                      jax.grad(loss)(params, x), 1e-5)
+
+
+def test_fit_time_steps_needs_arrays_on_the_local_backend():
+  model, x, params = _vit()
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
+  with pytest.raises(jaxremat.InvalidArgumentError, match="ShapeDtypeStructs, not arrays"):
+    jaxremat.fit(model.apply, abstract, x, 0.5, time_steps=True)
+  with pytest.raises(jaxremat.InvalidArgumentError, match="verify=False compiles nothing"):
+    jaxremat.fit(model.apply, params, x, 0.5, verify=False, time_steps=True)
+  assert jaxremat.fit(model.apply, abstract, x, 0.5).timed == ()  # by default: not timed
 
 
 def test_fit_without_verify_compiles_nothing():

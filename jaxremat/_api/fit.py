@@ -13,14 +13,18 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from jaxremat._api import checks
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
 from jaxremat._api.measure import measure
 from jaxremat._api.planner import Planner, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
+from jaxremat._backends.measure import compile_step
 from jaxremat._backends.policy_options import OptionCosts, group_costs
 from jaxremat._backends.roofline import roofline_for
+from jaxremat._backends.step_time import best_step_seconds
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._errors import (
   InfeasibleBudgetError,
@@ -30,10 +34,22 @@ from jaxremat._errors import (
 )
 from jaxremat._jaxpr.trace import trace
 from jaxremat._model.chain import Chain, Plan
-from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, from_plan, peak_bytes
+from jaxremat._model.policy_plan import (
+  DOTS,
+  DOTS_NO_BATCH,
+  KEEP,
+  RECOMPUTE,
+  Group,
+  GroupCost,
+  Option,
+  PolicyPlan,
+  from_plan,
+  peak_bytes,
+)
 from jaxremat.solvers._policy import as_plan, policy_frontier, solve_policy
 
 MAX_FIT_COMPILES = 6  # the chosen plan, then up to 5 tightened or other ones (as verify)
+MAX_TIMED_ALTERNATIVES = 4  # plans compiled beside the chosen one to time them all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +73,8 @@ class Fitted:
     frontier: ``(predicted bytes, predicted seconds)`` of the fastest plan at each
       budget from the least footprint to no remat (the memory-versus-time frontier).
     target: the GPU target planned for, or None for the local backend.
+    timed: with ``time_steps``: ``(what, XLA bytes, step seconds)`` of each plan that
+      fits and was timed on this machine, the returned one first; else empty.
     stage_seconds: wall time of each stage (seconds).
   """
 
@@ -73,6 +91,7 @@ class Fitted:
   compiled: tuple[int, ...]
   frontier: tuple[tuple[int, float], ...]
   target: str | None = None
+  timed: tuple[tuple[str, int, float], ...] = ()
   stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def report(self) -> str:
@@ -94,6 +113,9 @@ class Fitted:
     if self.measured_total_bytes is not None:
       lines.append(f"XLA-measured footprint {fmt_bytes(self.measured_total_bytes)} "
                    f"({len(self.compiled)} plan(s) compiled)")
+    for k, (what, total, seconds) in enumerate(self.timed):
+      lines.append(f"{'returned' if k == 0 else 'timed':<9}{what:<34}{fmt_bytes(total):>12}"
+                   f"{seconds * 1e3:>10.2f} ms per step (measured)")
     lines.append("frontier (predicted footprint: added ms): " + ", ".join(
         f"{fmt_bytes(b)}: {s * 1e3:.3f}" for b, s in self.frontier))
     return "\n".join(lines)
@@ -115,6 +137,7 @@ def fit(
     layer_depth: int | None = None,
     verify: bool = True,
     target: str | Target | None = None,
+    time_steps: bool | None = None,
     **model_kwargs: Any,
 ) -> Fitted:
   """The fastest plan whose training step fits ``memory_budget``, per residual.
@@ -136,6 +159,13 @@ def fit(
       tighten the predicted budget by the excess and solve again (at most
       ``MAX_FIT_COMPILES`` compiles in all, plus one of the plain step for a fractional
       budget). ``False``: the prediction alone, nothing compiled.
+    time_steps: also compile up to ``MAX_TIMED_ALTERNATIVES`` other plans that are
+      predicted to fit (every layer recomputed, every layer keeping its matrix products,
+      the frontier's plans of least and middling footprint, the layer-boundary plan),
+      run every one that XLA fits on this machine and return the fastest measured (on a
+      CPU, whose step time grows with the footprint, that is often a smaller plan than
+      the one of least predicted recompute). Default: on for the local backend with
+      concrete ``params`` and ``batch`` and ``verify``.
 
   Raises:
     InvalidBudgetError: ``memory_budget`` is not a positive number.
@@ -148,6 +178,7 @@ def fit(
   checks.check_arrays("batch", batch)
   _check_budget(memory_budget)
   resolved = get_target(target)
+  timed = _check_time_steps(time_steps, verify, resolved, params, batch)
   clock = Stopwatch()
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
@@ -157,11 +188,15 @@ def fit(
                          "this model with jaxremat.apply (budget_bytes=) instead.")
   key = input_key(params, batch, model_kwargs)
 
+  steps: dict[PolicyPlan, Any] = {}  # compiled steps kept to time them
+
   def measured(plan: Plan | PolicyPlan) -> int:
     with clock("compile"):
-      drop_in = DropIn(model_fn, plan, layer_depth, traced, key)
-      return measure(training_loss(drop_in, model_kwargs), params, batch,
-                     target=resolved).total_bytes
+      loss = training_loss(DropIn(model_fn, plan, layer_depth, traced, key), model_kwargs)
+      if not (timed and isinstance(plan, PolicyPlan)):
+        return measure(loss, params, batch, target=resolved).total_bytes
+      footprint, steps[plan] = compile_step(jax.grad(loss), params, batch)
+      return footprint.total_bytes
 
   with clock("profile"):
     planner = make_planner(traced, (), params, batch, model_kwargs, False,
@@ -201,6 +236,21 @@ def fit(
     if not compiled:
       raise _infeasible(budget, fixed + round(scale * search.least), "predicted")
     raise _infeasible(budget, min(compiled), "XLA-measured, of the plans compiled")
+  timings: list[tuple[str, int, float]] = []
+  if timed:
+    assert footprint is not None
+    candidates = [("least predicted recompute", chosen, footprint)]
+    for what, groups in _alternatives(options, points, search, chosen)[:MAX_TIMED_ALTERNATIVES]:
+      got = measured(as_plan(groups))
+      compiled.append(got)
+      if got <= budget:
+        candidates.append((what, groups, got))
+    with clock("time"):
+      seconds = best_step_seconds([steps[as_plan(g)] for _, g, _ in candidates],
+                                  (params, batch))
+    order = sorted(range(len(candidates)), key=seconds.__getitem__)
+    timings = [(candidates[k][0], candidates[k][2], seconds[k]) for k in order]
+    _, chosen, footprint = candidates[order[0]]
   plan = as_plan(chosen)
   return Fitted(
       fn=DropIn(model_fn, plan, layer_depth, traced, key), plan=plan, costs=chosen,
@@ -208,7 +258,37 @@ def fit(
       predicted_total_bytes=fixed + round(scale * peak_bytes(chosen, final)),
       predicted_seconds=sum(c.seconds for c in chosen), measured_total_bytes=footprint,
       compiled=tuple(compiled), frontier=frontier,
-      target=resolved.name if resolved else None, stage_seconds=dict(clock.seconds))
+      target=resolved.name if resolved else None, timed=tuple(timings),
+      stage_seconds=dict(clock.seconds))
+
+
+def _alternatives(options: OptionCosts, points: list[tuple[int, float, tuple[GroupCost, ...]]],
+                  search: _Search, chosen: tuple[GroupCost, ...]
+                  ) -> list[tuple[str, tuple[GroupCost, ...]]]:
+  """Plans to time beside ``chosen``, predicted to fit the search's latest allowance and
+  each different from the plans compiled so far: every layer recomputed, every layer
+  keeping its matrix products (all, or those without batch dimensions), the frontier's
+  plans of least and middling footprint, the layer-boundary plan."""
+  n = search.n
+  found = [(f"every layer: {kind}", tuple(options.of(Group(i, i + 1, Option(kind)))
+                                          for i in range(n)))
+           for kind in (RECOMPUTE, DOTS, DOTS_NO_BATCH)]
+  below = [groups for peak, _, groups in points if peak <= search.allowed]
+  found += [(f"frontier point {k + 1} of {len(points)}", below[k])
+            for k in sorted({0, len(below) // 2}) if k < len(below)]
+  if search.layer_plans.current is not None:
+    found.append(("layer-boundary plan", search.layer_plans.current))
+
+  def signature(groups: tuple[GroupCost, ...]) -> tuple[tuple[int, int, int, float], ...]:
+    return tuple((c.group.start, c.group.stop, c.stored_bytes, c.seconds) for c in groups)
+
+  seen = {signature(g) for g in (*search.tried, chosen)}
+  kept = []
+  for what, groups in found:
+    if peak_bytes(groups, search.final) <= search.allowed and signature(groups) not in seen:
+      seen.add(signature(groups))
+      kept.append((what, groups))
+  return kept
 
 
 class _LayerPlans:
@@ -299,6 +379,22 @@ class _Search:
     else:
       self._excess = max(int(excess_bytes / self.scale), 1)
       self.allowed -= self._excess  # XLA needs this much more than predicted: ask for less
+
+
+def _check_time_steps(time_steps: bool | None, verify: bool, target: Target | None,
+                      params: Any, batch: Any) -> bool:
+  """Whether to time the fitting plans: ``time_steps``, by default when it can be done."""
+  abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((params, batch)))
+  if time_steps is None:
+    return verify and target is None and not abstract
+  if time_steps and (not verify or target is not None or abstract):
+    why = ("verify=False compiles nothing" if not verify else
+           f"the target {target.name} is compiled for, not run" if target is not None else
+           "params or batch are jax.ShapeDtypeStructs, not arrays")
+    raise InvalidArgumentError(
+        f"time_steps=True runs the fitting plans on this machine, but {why}. Pass "
+        "concrete arrays with verify=True and no target, or leave time_steps unset.")
+  return bool(time_steps)
 
 
 def _check_budget(memory_budget: object) -> None:

@@ -63,6 +63,14 @@ def compile_footprint(
   On CPU the barrier expander is always disabled (added to any given
   ``xla_disable_hlo_passes``), so that ``jax.checkpoint`` is not undone.
   """
+  return compile_step(fn, *args, compiler_options=compiler_options)[0]
+
+
+def compile_step(
+    fn: Callable[..., Any], *args: Any, compiler_options: Mapping[str, str | bool] | None = None
+) -> tuple[Footprint, Any]:
+  """``compile_footprint``'s footprint and the compiled program itself (callable with
+  ``args``, to run or time it)."""
   backend = jax.default_backend()
   options = barrier_options(compiler_options, backend)
   with keeping_barriers():  # traced for a compile that keeps them
@@ -71,7 +79,7 @@ def compile_footprint(
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None
-  return footprint_of(compiled, float((cost or {}).get("flops", 0.0)), backend, options)
+  return footprint_of(compiled, float((cost or {}).get("flops", 0.0)), backend, options), compiled
 
 
 def footprint_of(compiled: Any, flops: float, backend: str,
