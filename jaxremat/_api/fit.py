@@ -49,7 +49,8 @@ from jaxremat._model.policy_plan import (
 from jaxremat.solvers._policy import as_plan, policy_frontier, solve_policy
 
 MAX_FIT_COMPILES = 6  # the chosen plan, then up to 5 tightened or other ones (as verify)
-MAX_TIMED_ALTERNATIVES = 4  # plans compiled beside the chosen one to time them all
+MAX_TIMED_ALTERNATIVES = 5  # plans compiled beside the chosen one to time them all
+TIMED_MARGIN = 0.1  # alternatives predicted up to 10% over the budget are compiled too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +241,9 @@ def fit(
   if timed:
     assert footprint is not None
     candidates = [("least predicted recompute", chosen, footprint)]
-    for what, groups in _alternatives(options, points, search, chosen)[:MAX_TIMED_ALTERNATIVES]:
+    within = int((budget * (1 + TIMED_MARGIN) - fixed) / scale)  # in the groups' scale
+    for what, groups in _alternatives(options, points, search, chosen,
+                                      within)[:MAX_TIMED_ALTERNATIVES]:
       got = measured(as_plan(groups))
       compiled.append(got)
       if got <= budget:
@@ -263,12 +266,13 @@ def fit(
 
 
 def _alternatives(options: OptionCosts, points: list[tuple[int, float, tuple[GroupCost, ...]]],
-                  search: _Search, chosen: tuple[GroupCost, ...]
+                  search: _Search, chosen: tuple[GroupCost, ...], within: int
                   ) -> list[tuple[str, tuple[GroupCost, ...]]]:
-  """Plans to time beside ``chosen``, predicted to fit the search's latest allowance and
-  each different from the plans compiled so far: every layer recomputed, every layer
-  keeping its matrix products (all, or those without batch dimensions), the frontier's
-  plans of least and middling footprint, the layer-boundary plan."""
+  """Plans to time beside ``chosen``, each predicted to peak within ``within`` bytes (the
+  groups' scale; XLA judges the fit) and different from the plans compiled so far: every
+  layer recomputed, every layer keeping its matrix products (all, or those without batch
+  dimensions), the frontier's plans of least and middling footprint, the layer-boundary
+  plan."""
   n = search.n
   found = [(f"every layer: {kind}", tuple(options.of(Group(i, i + 1, Option(kind)))
                                           for i in range(n)))
@@ -285,7 +289,7 @@ def _alternatives(options: OptionCosts, points: list[tuple[int, float, tuple[Gro
   seen = {signature(g) for g in (*search.tried, chosen)}
   kept = []
   for what, groups in found:
-    if peak_bytes(groups, search.final) <= search.allowed and signature(groups) not in seen:
+    if peak_bytes(groups, search.final) <= within and signature(groups) not in seen:
       seen.add(signature(groups))
       kept.append((what, groups))
   return kept
