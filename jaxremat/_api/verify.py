@@ -34,10 +34,17 @@ def least_measured(measured: Measured,
   return min(close, key=lambda c: (recompute(c), measured[c], len(c)))
 
 
-def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES) -> list[Plan]:
+def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
+              spread: bool = False) -> list[Plan]:
   """``plan`` and up to ``limit - 1`` of the planner's candidates: where the planner ranks
   its candidates by prediction, least predicted first, leaving out those predicted over
-  ``PRUNE_ABOVE`` above the least prediction; else in the planner's order."""
+  ``PRUNE_ABOVE`` above the least prediction; else in the planner's order.
+
+  ``spread``: the candidates predicted the same footprint as ``plan`` go last. After
+  XLA missed ``plan``'s prediction, the plans predicted the same are likely off the same
+  way (they differ from it by a checkpoint the estimate cannot tell apart); a plan the
+  estimate tells apart is a new measurement.
+  """
   found = {p.checkpoints: Plan(p.checkpoints) for p in planner.candidates(plan) if not p.is_nested}
   found.pop(plan.checkpoints, None)
   ranked = list(found)
@@ -46,26 +53,30 @@ def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES) -> list[P
     least = min([planner.total_bytes(plan), *predicted.values()])
     ranked = sorted((c for c in found if predicted[c] <= least * (1 + PRUNE_ABOVE)),
                     key=lambda c: (predicted[c], planner.recompute_flops(found[c])))
+    if spread:  # stable: the candidates predicted as ``plan`` was go last
+      ranked.sort(key=lambda c: predicted[c] == planner.total_bytes(plan))
   return [plan, *(found[c] for c in ranked[:limit - 1])]
 
 
 def confirm_plan(planner: Planner, plan: Plan,
                  measured_bytes: Callable[[Plan], int]) -> tuple[Plan, Measured]:
   """Compiles ``plan``; when XLA's footprint is more than ``CONFIRM_TOLERANCE`` from the
-  prediction, also the ``CONFIRM_EXTRA`` leading candidates, and keeps XLA's least."""
+  prediction, also ``CONFIRM_EXTRA`` candidates (``shortlist`` with ``spread``), and
+  keeps XLA's least."""
   measured = measured_bytes(plan)
   if abs(measured - planner.total_bytes(plan)) <= CONFIRM_TOLERANCE * measured:
     return plan, {plan.checkpoints: measured}
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
-                     known={plan.checkpoints: measured})
+                     known={plan.checkpoints: measured}, spread=True)
 
 
 def verify_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], int],
-                limit: int = MAX_COMPILES, known: Measured | None = None) -> tuple[Plan, Measured]:
-  """Compiles ``shortlist(planner, plan, limit)`` (less what ``known`` holds) and keeps the
-  plan XLA measures smallest."""
+                limit: int = MAX_COMPILES, known: Measured | None = None,
+                spread: bool = False) -> tuple[Plan, Measured]:
+  """Compiles ``shortlist(planner, plan, limit, spread)`` (less what ``known`` holds) and
+  keeps the plan XLA measures smallest."""
   measured = dict(known or {})
-  for p in shortlist(planner, plan, limit):
+  for p in shortlist(planner, plan, limit, spread):
     if p.checkpoints not in measured:
       measured[p.checkpoints] = measured_bytes(p)
   best = least_measured(measured, lambda c: planner.recompute_flops(Plan(c)))

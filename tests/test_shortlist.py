@@ -1,0 +1,43 @@
+"""Which plans verify and the default confirm compile (``_api/verify.shortlist``)."""
+
+from jaxremat._api.verify import shortlist
+from jaxremat._model.chain import Plan
+
+
+class _Planner:
+  """A planner whose candidates and predictions are given: bytes by checkpoints."""
+
+  ranks_candidates = True
+
+  def __init__(self, predicted: dict[tuple[int, ...], int]):
+    self.predicted = predicted
+
+  def candidates(self, plan: Plan) -> list[Plan]:
+    return [Plan(c) for c in self.predicted]
+
+  def total_bytes(self, plan: Plan) -> int:
+    return self.predicted[plan.checkpoints]
+
+  def recompute_flops(self, plan: Plan) -> int:
+    return len(plan.checkpoints)
+
+
+# The avg-pool conv net compiled for an H100: the chosen plan (3,) and its near ties are
+# predicted 38.26 MiB (XLA: 47.30); checkpoint-every-2 is predicted 40.89 (XLA: 31.55).
+PREDICTED = {(3,): 3826, (3, 4): 3826, (3, 5): 3826, (3, 6, 9): 3826, (2, 4, 7): 4089,
+             (2, 4, 6, 8, 10): 4089, (4, 8): 4989}
+
+
+def _checkpoints(plans):
+  return [p.checkpoints for p in plans]
+
+
+def test_shortlist_ranks_by_prediction_and_prunes():
+  got = _checkpoints(shortlist(_Planner(PREDICTED), Plan((3,)), limit=6))
+  # least predicted first (ties: least recompute), (4, 8) pruned: >10% above the least
+  assert got == [(3,), (3, 4), (3, 5), (3, 6, 9), (2, 4, 7), (2, 4, 6, 8, 10)]
+
+
+def test_spread_puts_the_missed_prediction_last():
+  got = _checkpoints(shortlist(_Planner(PREDICTED), Plan((3,)), limit=4, spread=True))
+  assert got == [(3,), (2, 4, 7), (2, 4, 6, 8, 10), (3, 4)]
