@@ -323,10 +323,20 @@ class _LayerPlans:
       self.fallbacks = self._fallbacks()
     if plan is None and self.fallbacks:
       plan = self.fallbacks.pop(0)
+    return self._groups(plan)
+
+  def _groups(self, plan: Plan | None) -> tuple[GroupCost, ...] | None:
     if plan is None:
       return None
     return tuple(self.options.of(g)
                  for g in from_plan(plan.checkpoints, self.planner.chain.n).groups)
+
+  def skip(self, tried: list[tuple[GroupCost, ...]]) -> None:
+    """Moves on to the next fallback plan while the current one was compiled already."""
+    while self.current is not None and self.current in tried:
+      if self.fallbacks is None:
+        self.fallbacks = self._fallbacks()
+      self.current = self._groups(self.fallbacks.pop(0)) if self.fallbacks else None
 
   def _fallbacks(self) -> list[Plan]:
     """The planner's fallback plans: those its estimate fits in the budget, least
@@ -344,9 +354,11 @@ class _LayerPlans:
 
 
 class _Search:
-  """The plans to compile, fastest predicted first: the DP's plan within the allowance
-  (bytes above the fixed ones, in the groups' own scale) and the layer-boundary plan,
-  each solved again for less after XLA finds it over the budget; none twice."""
+  """The plans to compile: the DP's plan within the allowance (bytes above the fixed
+  ones, in the groups' own scale) and the layer-boundary plan, each solved again for less
+  after XLA finds it over the budget; none twice. The two take turns after misses (the
+  one that missed fewer times first), else the faster predicted goes first: a model that
+  XLA keeps surprising one way need not use up every compile."""
 
   def __init__(self, costs: list[GroupCost], n: int, final: int, allowed: int, scale: float,
                layer_plans: _LayerPlans, xla_judges: bool):
@@ -356,6 +368,7 @@ class _Search:
     self.tried: list[tuple[GroupCost, ...]] = []
     self.least = 0  # the least predicted peak, in the groups' scale, once the DP finds none
     self._excess = 1
+    self._misses = {"dp": 0, "layers": 0}
 
   def _solved(self) -> tuple[GroupCost, ...] | None:
     for _ in range(64):
@@ -370,17 +383,24 @@ class _Search:
     return None
 
   def next(self) -> tuple[GroupCost, ...] | None:
-    found = [g for g in (self._solved(), self.layer_plans.current)
+    self.layer_plans.skip(self.tried)
+    found = [(family, g) for family, g in (("dp", self._solved()),
+                                           ("layers", self.layer_plans.current))
              if g is not None and g not in self.tried
              and (self.xla_judges or peak_bytes(g, self.final) <= self.allowed)]
-    return min(found, key=lambda g: sum(c.seconds for c in g)) if found else None
+    if not found:
+      return None
+    return min(found, key=lambda f: (self._misses[f[0]], sum(c.seconds for c in f[1])))[1]
 
   def failed(self, groups: tuple[GroupCost, ...], excess_bytes: int) -> None:
     """``groups`` compiled to ``excess_bytes`` over the budget."""
     self.tried.append(groups)
-    if groups is self.layer_plans.current:
+    from_layers = groups is self.layer_plans.current
+    if groups == self.layer_plans.current:  # the DP's plan may be the layer plan too
+      self._misses["layers"] += 1
       self.layer_plans.missed(excess_bytes)
-    else:
+    if not from_layers:
+      self._misses["dp"] += 1
       self._excess = max(int(excess_bytes / self.scale), 1)
       self.allowed -= self._excess  # XLA needs this much more than predicted: ask for less
 

@@ -1,0 +1,58 @@
+"""The order in which ``fit`` compiles plans (``_api/fit._Search``), on stubs: no XLA."""
+
+from jaxremat._api.fit import _LayerPlans, _Search
+from jaxremat._errors import InfeasibleBudgetError
+from jaxremat._model.chain import Plan
+from jaxremat._model.policy_plan import KEEP, RECOMPUTE, Group, GroupCost, Option, from_plan
+
+N = 3
+
+
+class _Options:
+  """A kept layer stores 2 bytes; a recomputed group 1 byte and 1 second per layer."""
+
+  def of(self, g: Group) -> GroupCost:
+    if g.option.kind == RECOMPUTE:
+      return GroupCost(g, 1, 0, float(g.stop - g.start))
+    return GroupCost(g, 2, 0, 0.0)
+
+
+class _Planner:
+  """Model R's budget plan is checkpoint-after-1 until a miss lowers the budget; the
+  fallbacks are that plan again and checkpoint-after-2."""
+
+  class chain:
+    n = N
+
+  def solve_budget(self, budget: int) -> Plan:
+    if budget < 100:
+      raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=100)
+    return Plan((1,))
+
+  def total_bytes(self, plan: Plan) -> int:
+    return 100
+
+  def recompute_flops(self, plan: Plan) -> int:
+    return len(plan.checkpoints)
+
+  def budget_fallbacks(self) -> list[Plan]:
+    return [Plan((1,)), Plan((2,))]
+
+
+def _groups(checkpoints):
+  return tuple(_Options().of(g) for g in from_plan(checkpoints, N).groups)
+
+
+def test_a_miss_of_the_dp_plan_that_is_also_the_layer_plan_moves_both_on():
+  # The DP's costs offer only the layer-boundary groups, so its plan is the layer plan.
+  costs = [_Options().of(Group(i, i + 1, Option(KEEP))) for i in range(N)]
+  costs += [_Options().of(Group(0, 1, Option(RECOMPUTE)))]
+  layer_plans = _LayerPlans(_Planner(), _Options(), budget=100, fallbacks=True)
+  # keeping everything peaks at 6 bytes; recomputing layer 1 at 5, the allowance
+  search = _Search(costs, N, 0, allowed=5, scale=1.0, layer_plans=layer_plans,
+                   xla_judges=True)
+  first = search.next()
+  assert first == _groups((1,))
+  search.failed(first, excess_bytes=5)  # XLA: 5 bytes over
+  # Model R finds nothing for the lowered budget; its first fallback was compiled already.
+  assert search.next() == _groups((2,))
