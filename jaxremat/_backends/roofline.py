@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jaxremat._backends.step_time import best_step_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +76,10 @@ def local_roofline() -> Roofline:
   v = jnp.ones((16 * 2**20,), jnp.float32)
   matmul = jax.jit(lambda x: x @ x)
   stream = jax.jit(lambda x: x + 1.0)
-  flops = 2 * 1024**3 / _best_seconds(matmul, a)
-  bandwidth = 2 * v.nbytes / _best_seconds(stream, v)
+  matmul_s, = best_step_seconds([matmul], (a,), rounds=1, runs=5)
+  stream_s, = best_step_seconds([stream], (v,), rounds=1, runs=5)
+  flops = 2 * 1024**3 / matmul_s
+  bandwidth = 2 * v.nbytes / stream_s
   return Roofline(jax.default_backend(), flops, bandwidth)
 
 
@@ -87,13 +90,3 @@ def roofline_for(target: str | None) -> Roofline:
   if target in GPU_ROOFLINES:
     return GPU_ROOFLINES[target]
   raise ValueError(f"no roofline figures for target {target!r}; known: {sorted(GPU_ROOFLINES)}.")
-
-
-def _best_seconds(fn: Callable[[jax.Array], jax.Array], x: jax.Array, runs: int = 5) -> float:
-  fn(x).block_until_ready()
-  best = float("inf")
-  for _ in range(runs):
-    start = time.perf_counter()
-    fn(x).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return best

@@ -1,4 +1,4 @@
-"""Wall time of compiled training steps on the local device (seconds)."""
+"""Wall time of compiled programs (training steps, probes) on the local device (seconds)."""
 
 from __future__ import annotations
 
