@@ -50,11 +50,12 @@ def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
   ranked = list(found)
   if planner.ranks_candidates:
     predicted = {c: planner.total_bytes(p) for c, p in found.items()}
-    least = min([planner.total_bytes(plan), *predicted.values()])
+    own = planner.total_bytes(plan)
+    least = min([own, *predicted.values()])
     ranked = sorted((c for c in found if predicted[c] <= least * (1 + PRUNE_ABOVE)),
                     key=lambda c: (predicted[c], planner.recompute_flops(found[c])))
     if spread:  # stable: the candidates predicted as ``plan`` was go last
-      ranked.sort(key=lambda c: predicted[c] == planner.total_bytes(plan))
+      ranked.sort(key=lambda c: predicted[c] == own)
   return [plan, *(found[c] for c in ranked[:limit - 1])]
 
 
