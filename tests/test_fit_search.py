@@ -1,6 +1,6 @@
-"""The order in which ``fit`` compiles plans (``_api/fit._Search``), on stubs: no XLA."""
+"""The order in which ``fit`` compiles plans (``_api/fit_search.Search``), on stubs: no XLA."""
 
-from jaxremat._api.fit import _LayerPlans, _Search
+from jaxremat._api.fit_search import LayerPlans, Search
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._model.chain import Plan
 from jaxremat._model.policy_plan import KEEP, RECOMPUTE, Group, GroupCost, Option, from_plan
@@ -47,9 +47,9 @@ def test_a_miss_of_the_dp_plan_that_is_also_the_layer_plan_moves_both_on():
   # The DP's costs offer only the layer-boundary groups, so its plan is the layer plan.
   costs = [_Options().of(Group(i, i + 1, Option(KEEP))) for i in range(N)]
   costs += [_Options().of(Group(0, 1, Option(RECOMPUTE)))]
-  layer_plans = _LayerPlans(_Planner(), _Options(), budget=100, fallbacks=True)
+  layer_plans = LayerPlans(_Planner(), _Options(), budget=100, fallbacks=True)
   # keeping everything peaks at 6 bytes; recomputing layer 1 at 5, the allowance
-  search = _Search(costs, N, 0, allowed=5, scale=1.0, layer_plans=layer_plans,
+  search = Search(costs, N, 0, allowed=5, scale=1.0, layer_plans=layer_plans,
                    xla_judges=True)
   first = search.next()
   assert first == _groups((1,))

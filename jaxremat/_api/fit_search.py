@@ -1,0 +1,165 @@
+"""Which plans ``jaxremat.fit`` compiles, in which order (issue 24).
+
+``Search`` hands out the plans to compile until XLA fits one: the DP's plan of least
+predicted time and the layer-boundary plans of ``apply(budget_bytes=)`` (``LayerPlans``),
+each solved again for less after a miss. ``alternatives`` lists the other plans worth
+timing beside the one that fits.
+"""
+
+from __future__ import annotations
+
+from jaxremat._api.planner import Planner
+from jaxremat._backends.policy_options import OptionCosts
+from jaxremat._errors import InfeasibleBudgetError
+from jaxremat._model.chain import Plan
+from jaxremat._model.policy_plan import (
+  DOTS,
+  DOTS_NO_BATCH,
+  RECOMPUTE,
+  Group,
+  GroupCost,
+  Option,
+  from_plan,
+  peak_bytes,
+)
+from jaxremat.solvers._policy import solve_policy
+
+
+def alternatives(options: OptionCosts, points: list[tuple[int, float, tuple[GroupCost, ...]]],
+                  search: Search, chosen: tuple[GroupCost, ...], within: int
+                  ) -> list[tuple[str, tuple[GroupCost, ...]]]:
+  """Plans to time beside ``chosen``, each predicted to peak within ``within`` bytes (the
+  groups' scale; XLA judges the fit) and different from the plans compiled so far: every
+  layer recomputed, every layer keeping its matrix products (all, or those without batch
+  dimensions), the frontier's plans of least and middling footprint, the layer-boundary
+  plan."""
+  n = search.n
+  found = [(f"every layer: {kind}", tuple(options.of(Group(i, i + 1, Option(kind)))
+                                          for i in range(n)))
+           for kind in (RECOMPUTE, DOTS, DOTS_NO_BATCH)]
+  below = [groups for peak, _, groups in points if peak <= search.allowed]
+  found += [(f"frontier point {k + 1} of {len(points)}", below[k])
+            for k in sorted({0, len(below) // 2}) if k < len(below)]
+  if search.layer_plans.current is not None:
+    found.append(("layer-boundary plan", search.layer_plans.current))
+
+  def signature(groups: tuple[GroupCost, ...]) -> tuple[tuple[int, int, int, float], ...]:
+    return tuple((c.group.start, c.group.stop, c.stored_bytes, c.seconds) for c in groups)
+
+  seen = {signature(g) for g in (*search.tried, chosen)}
+  kept = []
+  for what, groups in found:
+    if peak_bytes(groups, search.final) <= within and signature(groups) not in seen:
+      seen.add(signature(groups))
+      kept.append((what, groups))
+  return kept
+
+
+class LayerPlans:
+  """Layer-boundary plans as groups, as ``apply(budget_bytes=)`` tries them: model R's
+  budget plan (solved for less while the backend's estimate of it exceeds the budget),
+  solved again for a budget lowered by XLA's excess after each miss, then (once the
+  estimate finds none, and with ``fallbacks``: XLA will judge them) the planner's
+  fallback plans (``_fallbacks``)."""
+
+  def __init__(self, planner: Planner, options: OptionCosts, budget: int, fallbacks: bool):
+    self.planner, self.options, self.budget = planner, options, budget
+    self.fallbacks: list[Plan] | None = None if fallbacks else []
+    self.current = self._next()
+
+  def _next(self) -> tuple[GroupCost, ...] | None:
+    plan, budget = None, self.budget
+    for _ in range(8):  # model R's budget plan, until the backend's estimate fits it too
+      try:
+        plan = self.planner.solve_budget(budget)
+      except InfeasibleBudgetError:
+        plan = None
+        break
+      over = self.planner.total_bytes(plan) - self.budget
+      if over <= 0:
+        break
+      budget, plan = budget - over, None
+    if plan is None and self.fallbacks is None:
+      self.fallbacks = self._fallbacks()
+    if plan is None and self.fallbacks:
+      plan = self.fallbacks.pop(0)
+    return self._groups(plan)
+
+  def _groups(self, plan: Plan | None) -> tuple[GroupCost, ...] | None:
+    if plan is None:
+      return None
+    return tuple(self.options.of(g)
+                 for g in from_plan(plan.checkpoints, self.planner.chain.n).groups)
+
+  def skip(self, tried: list[tuple[GroupCost, ...]]) -> None:
+    """Moves on to the next fallback plan while the current one was compiled already."""
+    while self.current is not None and self.current in tried:
+      if self.fallbacks is None:
+        self.fallbacks = self._fallbacks()
+      self.current = self._groups(self.fallbacks.pop(0)) if self.fallbacks else None
+
+  def _fallbacks(self) -> list[Plan]:
+    """The planner's fallback plans: those its estimate fits in the budget, least
+    recompute first, then the rest, smallest estimate first."""
+    plans = list(dict.fromkeys(Plan(p.checkpoints) for p in self.planner.budget_fallbacks()))
+    total = {p: self.planner.total_bytes(p) for p in plans}
+    fitting = sorted((p for p in plans if total[p] <= self.budget),
+                     key=self.planner.recompute_flops)
+    return fitting + sorted((p for p in plans if total[p] > self.budget),
+                            key=lambda p: total[p])
+
+  def missed(self, excess_bytes: int) -> None:
+    self.budget -= excess_bytes
+    self.current = self._next()
+
+
+class Search:
+  """The plans to compile: the DP's plan within the allowance (bytes above the fixed
+  ones, in the groups' own scale) and the layer-boundary plan, each solved again for less
+  after XLA finds it over the budget; none twice. The two take turns after misses (the
+  one that missed fewer times first), else the faster predicted goes first: a model that
+  XLA keeps surprising one way need not use up every compile."""
+
+  def __init__(self, costs: list[GroupCost], n: int, final: int, allowed: int, scale: float,
+               layer_plans: LayerPlans, xla_judges: bool):
+    self.costs, self.n, self.final, self.allowed, self.scale = costs, n, final, allowed, scale
+    self.xla_judges = xla_judges  # else a plan must fit by its prediction
+    self.layer_plans = layer_plans
+    self.tried: list[tuple[GroupCost, ...]] = []
+    self.least = 0  # the least predicted peak, in the groups' scale, once the DP finds none
+    self._excess = 1
+    self._misses = {"dp": 0, "layers": 0}
+
+  def _solved(self) -> tuple[GroupCost, ...] | None:
+    for _ in range(64):
+      try:
+        groups = solve_policy(self.costs, self.n, self.allowed, self.final)
+      except InfeasibleBudgetError as err:
+        self.least = err.min_feasible_bytes
+        return None
+      if groups not in self.tried:
+        return groups
+      self.allowed -= self._excess  # tightened too little to change the plan
+    return None
+
+  def next(self) -> tuple[GroupCost, ...] | None:
+    self.layer_plans.skip(self.tried)
+    found = [(family, g) for family, g in (("dp", self._solved()),
+                                           ("layers", self.layer_plans.current))
+             if g is not None and g not in self.tried
+             and (self.xla_judges or peak_bytes(g, self.final) <= self.allowed)]
+    if not found:
+      return None
+    return min(found, key=lambda f: (self._misses[f[0]], sum(c.seconds for c in f[1])))[1]
+
+  def failed(self, groups: tuple[GroupCost, ...], excess_bytes: int) -> None:
+    """``groups`` compiled to ``excess_bytes`` over the budget."""
+    self.tried.append(groups)
+    from_layers = groups is self.layer_plans.current
+    if groups == self.layer_plans.current:  # the DP's plan may be the layer plan too
+      self._misses["layers"] += 1
+      self.layer_plans.missed(excess_bytes)
+    if not from_layers:
+      self._misses["dp"] += 1
+      self._excess = max(int(excess_bytes / self.scale), 1)
+      self.allowed -= self._excess  # XLA needs this much more than predicted: ask for less
