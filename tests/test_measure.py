@@ -90,7 +90,7 @@ def test_budget_plan_fits_its_budget_and_infeasible_budget_says_the_least():
   x = jax.random.normal(jax.random.key(1), (128, 64))
   params = model.init(jax.random.key(0), x)
   most = _model_r_total(jaxremat.apply(model.apply, params, x, method="none"))
-  least = _model_r_total(jaxremat.apply(model.apply, params, x, refine=False))
+  least = _model_r_total(jaxremat.apply(model.apply, params, x, refine=False, verify=False))
   assert least < most
   budget = (most + least) // 2
   r = jaxremat.apply(model.apply, params, x, budget_bytes=budget)

@@ -1,6 +1,6 @@
 """Which plans verify and the default confirm compile (``_api/verify.shortlist``)."""
 
-from jaxremat._api.verify import shortlist
+from jaxremat._api.verify import CONFIRM_TIES, confirm_plan, shortlist
 from jaxremat._model.chain import Plan
 
 
@@ -41,3 +41,50 @@ def test_shortlist_ranks_by_prediction_and_prunes():
 def test_spread_puts_the_missed_prediction_last():
   got = _checkpoints(shortlist(_Planner(PREDICTED), Plan((3,)), limit=4, spread=True))
   assert got == [(3,), (2, 4, 7), (2, 4, 6, 8, 10), (3, 4)]
+
+
+class _TiedPlanner(_Planner):
+  """A planner whose near ties of every plan are given."""
+
+  def __init__(self, predicted, ties):
+    super().__init__(predicted)
+    self.ties = ties
+
+  def near_ties(self, plan: Plan, count: int) -> list[Plan]:
+    return [Plan(c) for c in self.ties[:count]]
+
+
+# The residual conv blocks (GroupNorm) on CPU: the chosen plan and its two near ties are
+# predicted alike; XLA measures the second tie 7% smaller.
+TIED = {(2, 6): 8224, (2, 6, 7): 8224, (2, 6, 8): 8224}
+XLA = {(2, 6): 8225, (2, 6, 7): 8225, (2, 6, 8): 7662, (3,): 9000}
+
+
+def _confirm(planner, plan):
+  compiled = []
+
+  def measured_bytes(p: Plan) -> int:
+    compiled.append(p.checkpoints)
+    return XLA[p.checkpoints]
+
+  chosen, measured = confirm_plan(planner, Plan(plan), measured_bytes)
+  return chosen.checkpoints, measured, compiled
+
+
+def test_confirm_lets_xla_break_the_estimates_ties():
+  chosen, measured, compiled = _confirm(_TiedPlanner(TIED, [(2, 6, 7), (2, 6, 8)]), (2, 6))
+  assert compiled == [(2, 6), (2, 6, 7), (2, 6, 8)]
+  assert chosen == (2, 6, 8)
+  assert measured == {c: XLA[c] for c in compiled}
+
+
+def test_confirm_keeps_the_plan_when_its_ties_measure_no_less():
+  chosen, _, compiled = _confirm(_TiedPlanner(TIED, [(2, 6, 7)]), (2, 6))
+  assert (chosen, compiled) == ((2, 6), [(2, 6), (2, 6, 7)])
+
+
+def test_confirm_compiles_at_most_the_tie_limit():
+  ties = [(2, 6, 7), (2, 6, 8), (3,)]
+  planner = _TiedPlanner({**TIED, (3,): 8224}, ties)
+  _, _, compiled = _confirm(planner, (2, 6))
+  assert len(compiled) == 1 + CONFIRM_TIES

@@ -213,6 +213,11 @@ class GraphPlanner:
   def budget_fallbacks(self) -> list[Plan]:
     return [solve_graph(self.chain, "optimal"), solve_graph(self.chain, "best-uniform")]
 
+  def near_ties(self, plan: Plan, count: int) -> list[Plan]:
+    """None: model G does not tell a graph's plans apart finely enough to call two a tie
+    (``verify=True`` compiles the plans one cut away)."""
+    return []
+
   def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
     g, kept = self.chain, set(plan.checkpoints)
     rows: list[tuple[str, ...]] = [("#", "layer", "cut keeps", "values", "plan")]

@@ -14,6 +14,8 @@ from jaxremat._model.chain import Plan
 MAX_COMPILES = 6
 #: Extra compiles ``confirm_plan`` makes when XLA misses the prediction.
 CONFIRM_EXTRA = 3
+#: The estimate's near ties ``confirm_plan`` compiles when XLA meets the prediction.
+CONFIRM_TIES = 2
 #: A measured footprint further than this fraction from the prediction is a miss.
 CONFIRM_TOLERANCE = 0.03
 #: Candidates predicted more than this fraction above the least prediction are not compiled.
@@ -61,12 +63,22 @@ def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
 
 def confirm_plan(planner: Planner, plan: Plan,
                  measured_bytes: Callable[[Plan], int]) -> tuple[Plan, Measured]:
-  """Compiles ``plan``; when XLA's footprint is more than ``CONFIRM_TOLERANCE`` from the
-  prediction, also ``CONFIRM_EXTRA`` candidates (``shortlist`` with ``spread``), and
-  keeps XLA's least."""
+  """Compiles ``plan`` and keeps XLA's least of what it compiles.
+
+  When XLA's footprint is within ``CONFIRM_TOLERANCE`` of the prediction, also compiles
+  up to ``CONFIRM_TIES`` of the estimate's near ties of ``plan`` (one checkpoint away,
+  predicted the same within 1%): where the estimate cannot tell plans apart, XLA can.
+  Otherwise, ``CONFIRM_EXTRA`` candidates (``shortlist`` with ``spread``).
+  """
   measured = measured_bytes(plan)
   if abs(measured - planner.total_bytes(plan)) <= CONFIRM_TOLERANCE * measured:
-    return plan, {plan.checkpoints: measured}
+    found = {plan.checkpoints: measured}
+    for tie in planner.near_ties(plan, CONFIRM_TIES):
+      found.setdefault(tie.checkpoints, measured_bytes(tie))
+    best = least_measured(found, lambda c: planner.recompute_flops(Plan(c)))
+    if best == plan.checkpoints:
+      return plan, found
+    return Plan(best, method=f"{plan.method}+confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
                      known={plan.checkpoints: measured}, spread=True)
 
