@@ -3,6 +3,9 @@
     PYTHONPATH=. python bench/unseen.py [--out bench/results/unseen-cpu/unseen.json]
     JAX_PLATFORMS=cpu PYTHONPATH=. python bench/unseen.py --target h100 \
         --out bench/results/unseen-h100-aot/unseen.json   # needs jaxremat[cuda12-aot]
+    PYTHONPATH=. python bench/unseen.py --set zoo [--target h100] \
+        --out bench/results/zoo-least-cpu/zoo-least.json  # the CPU zoo instead (same table)
+    PYTHONPATH=. python bench/unseen.py --set realworld ...  # Flax-style transformers, dropout
 
 For each model (defined here, not in the zoo; the first three are issue 21's holdout,
 written after every rule): ``jaxremat.apply`` with its defaults, XLA's footprint of its
@@ -10,7 +13,11 @@ gradient step against the prediction, the footprint of every checkpoint-every-k 
 (k = 1..n) and of ``apply(verify=True)``'s plan, how far the default plan is above the
 least of those, and (CPU) the largest relative gradient difference from the plain model.
 With ``--target``, every compile is XLA's GPU compiler's for that GPU, deviceless.
-Writes JSON and a markdown table next to it.
+``--set zoo`` runs the CPU zoo of ``bench/memory.py`` (``zoo_registry.tagged("cpu")``,
+with their ``apply`` kwargs) through the same comparison, ``--set realworld`` the linen
+models of ``bench/out_of_box.py`` (``tests/realworld_models.py`` at size ``bench``: the
+ViT and lm1b with dropout, the ResNet with BatchNorm). The table gives ``apply``'s wall time
+(its confirming compiles included). Writes JSON and a markdown table next to it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -29,6 +37,7 @@ import jax.numpy as jnp
 import jaxremat
 from jaxremat._api.loss import training_loss
 from jaxremat.solvers import uniform_plan
+from jaxremat.zoo_registry import tagged
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
 from record import run_meta, write_result  # noqa: E402
@@ -120,32 +129,62 @@ def _max_rel_diff(a, b) -> float:
   return max(diffs)
 
 
-def run_model(name: str, model: nn.Module, x: jax.Array, target: str | None = None) -> dict:
+Case = tuple[Callable[..., Any], Any, Any, dict]  # (apply fn, variables, batch, apply kwargs)
+
+
+def model_set(name: str) -> dict[str, Callable[[], Case]]:
+  """name -> a builder of the model's ``Case``, for the set ``name`` (``SETS``)."""
+  def linen(model: nn.Module, x: Any, kwargs: dict) -> Callable[[], Case]:
+    return lambda: (model.apply, jax.jit(model.init)(jax.random.key(0), x), x, kwargs)
+
+  if name == "unseen":
+    return {n: linen(m, x, {}) for n, (m, x) in models().items()}
+  if name == "zoo":
+    return {m.name: linen(m.build(), m.example(), m.apply_kwargs()) for m in tagged("cpu")}
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "tests"))
+  import realworld_models as rm  # type: ignore[import-not-found]  # noqa: PLC0415
+
+  def realworld(family: str) -> Case:
+    case = rm.build(family, "bench")
+    model, variables = rm.init(case)
+    return model.apply, variables, case.batch, dict(case.kwargs)
+
+  return {f"{f}-bench": functools.partial(realworld, f) for f in ("vit", "lm1b", "resnet")}
+
+
+SETS = ("unseen", "zoo", "realworld")
+
+
+def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
+              target: str | None = None, kwargs: dict | None = None) -> dict:
   """Default apply's plan against every checkpoint-every-k plan and ``verify=True``'s
-  plan: XLA's footprints (on ``target`` when given, deviceless) and the prediction."""
-  params = model.init(jax.random.key(0), x)
+  plan: XLA's footprints (on ``target`` when given, deviceless) and the prediction;
+  ``kwargs`` go to ``apply_fn`` (``mutable=``, ``rngs=``, ``train=``)."""
+  kwargs = dict(kwargs or {})
 
   def footprint(fn) -> int:
-    return jaxremat.measure(training_loss(fn, {}), params, x, target=target).total_bytes
+    return jaxremat.measure(training_loss(fn, kwargs), params, x, target=target).total_bytes
 
   start = time.perf_counter()
-  r = jaxremat.apply(model.apply, params, x, target=target)
+  r = jaxremat.apply(apply_fn, params, x, target=target, **kwargs)
   apply_seconds = time.perf_counter() - start
   measured = footprint(r.fn)
-  none = footprint(model.apply)
+  none = footprint(apply_fn)
   uniform = {}
   for k in range(1, r.chain.n + 1):
     plan = uniform_plan(r.chain.n, k)
-    uniform[k] = footprint(jaxremat.apply(model.apply, params, x, plan=plan, verify=False,
-                                          target=target).fn)
+    uniform[k] = footprint(jaxremat.apply(apply_fn, params, x, plan=plan, verify=False,
+                                          target=target, **kwargs).fn)
   best_k = min(uniform, key=uniform.get)
   start = time.perf_counter()
-  verified = jaxremat.apply(model.apply, params, x, verify=True, target=target)
+  verified = jaxremat.apply(apply_fn, params, x, verify=True, target=target, **kwargs)
   verify_seconds = time.perf_counter() - start
   verified_bytes = footprint(verified.fn)
   least = min(verified_bytes, uniform[best_k], *(verified.verified or {}).values())
   row = {
       "model": name, "layers": r.chain.n, "plan": list(r.plan.checkpoints),
+      "compiled": len(r.verified or {}),
       "target": target, "apply_seconds": apply_seconds,
       "none_bytes": none, "apply_bytes": measured, "predicted_bytes": r.predicted_total_bytes,
       "prediction_error": r.predicted_total_bytes / measured - 1,
@@ -157,8 +196,8 @@ def run_model(name: str, model: nn.Module, x: jax.Array, target: str | None = No
       "uniform_bytes": uniform, "grad_max_rel_diff": None,
   }
   if target is None:
-    grads = jax.jit(jax.grad(training_loss(r.fn, {})))(params, x)
-    plain = jax.jit(jax.grad(training_loss(model.apply, {})))(params, x)
+    grads = jax.jit(jax.grad(training_loss(r.fn, kwargs)))(params, x)
+    plain = jax.jit(jax.grad(training_loss(apply_fn, kwargs)))(params, x)
     row["grad_max_rel_diff"] = _max_rel_diff(grads, plain)
   return row
 
@@ -167,8 +206,8 @@ def markdown(rows: list[dict]) -> str:
   mib = 2**20
   lines = ["| model | layers | no remat MiB | apply MiB | predicted MiB | prediction error "
            "| best uniform MiB (k) | apply vs best uniform | `verify=True` vs best uniform "
-           "| apply vs least of verify's and uniform | grad max rel diff |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| apply vs least of verify's and uniform | apply s (compiles) | grad max rel diff |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     grad = "n/a" if r["grad_max_rel_diff"] is None else f"{r['grad_max_rel_diff']:.1e}"
     lines.append(
@@ -178,7 +217,7 @@ def markdown(rows: list[dict]) -> str:
         f"| {100 * r['apply_vs_best_uniform']:+.1f}% "
         f"| {100 * r['verify_vs_best_uniform']:+.1f}% ({r['verify_seconds']:.0f} s) "
         f"| {100 * r['apply_vs_least']:+.1f}% "
-        f"| {grad} |")
+        f"| {r['apply_seconds']:.1f} ({r.get('compiled', '?')}) | {grad} |")
   return "\n".join(lines) + "\n"
 
 
@@ -187,14 +226,16 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default=None, help="JSON path (markdown written beside it)")
   parser.add_argument("--target", help="compile for this GPU deviceless (h100, a100)")
   parser.add_argument("--models", help="comma-separated prefixes of model names")
+  parser.add_argument("--set", default="unseen", choices=SETS, help="which models")
   args = parser.parse_args(argv)
   start = time.time()
   rows = []
   wanted = args.models.split(",") if args.models else None
-  for name, (model, x) in models().items():
+  for name, build in model_set(args.set).items():
     if wanted and not any(name.startswith(w) for w in wanted):
       continue
-    rows.append(run_model(name, model, x, args.target))
+    apply_fn, params, x, kwargs = build()
+    rows.append(run_model(name, apply_fn, params, x, args.target, kwargs))
     r = rows[-1]
     print(f"{name}: apply {r['apply_bytes'] / 2**20:.2f} MiB, predicted {r['predicted_bytes'] / 2**20:.2f} "
           f"({100 * r['prediction_error']:+.1f}%), best uniform {r['best_uniform_bytes'] / 2**20:.2f} "
