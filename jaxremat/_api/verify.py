@@ -75,10 +75,7 @@ def confirm_plan(planner: Planner, plan: Plan,
     found = {plan.checkpoints: measured}
     for tie in planner.near_ties(plan, CONFIRM_TIES):
       found.setdefault(tie.checkpoints, measured_bytes(tie))
-    best = least_measured(found, lambda c: planner.recompute_flops(Plan(c)))
-    if best == plan.checkpoints:
-      return plan, found
-    return Plan(best, method=f"{plan.method}+confirmed"), found
+    return _least(planner, plan, found, "confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
                      known={plan.checkpoints: measured}, spread=True)
 
@@ -92,10 +89,13 @@ def verify_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], i
   for p in shortlist(planner, plan, limit, spread):
     if p.checkpoints not in measured:
       measured[p.checkpoints] = measured_bytes(p)
+  return _least(planner, plan, measured, "verified"), measured
+
+
+def _least(planner: Planner, plan: Plan, measured: Measured, how: str) -> Plan:
+  """``plan`` when it is ``least_measured``; else that plan, its method marked ``how``."""
   best = least_measured(measured, lambda c: planner.recompute_flops(Plan(c)))
-  if best == plan.checkpoints:
-    return plan, measured
-  return Plan(best, method=f"{plan.method}+verified"), measured
+  return plan if best == plan.checkpoints else Plan(best, method=f"{plan.method}+{how}")
 
 
 def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Plan], int],
