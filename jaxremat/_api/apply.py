@@ -67,9 +67,9 @@ def apply(
       With ``budget_bytes``, instead tighten the plan until XLA's footprint fits. With
       ``plan``, measure that plan only. The figures are kept in ``Remat.verified``.
       Default (None): confirm the chosen plan with one compile. When XLA's footprint is
-      within 3% of the prediction, also compile up to 2 plans the estimate ties with it
-      (one checkpoint away, predicted within 1%); when it is further off, the 3 leading
-      candidates; keep XLA's least. With ``budget_bytes``, fit the budget as above.
+      within 3% of the prediction, also compile up to 3 plans the estimate ties with it
+      (one checkpoint from it or from model R's optimum, predicted at most 1% above it);
+      when it is further off, the 3 leading candidates; keep XLA's least. With ``budget_bytes``, fit the budget as above.
       ``False``: compile nothing (the prediction alone).
     calibrate: compile each layer's backward alone and take what XLA's temp needs beyond
       its residuals as its workspace (one small compile per layer).

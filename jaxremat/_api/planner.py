@@ -129,6 +129,20 @@ class ChainPlanner:
     ties = sorted((c for c in near if keys[c][0] <= limit), key=keys.__getitem__)
     return [Plan(c) for c in ties[:count]]
 
+  def ties(self, plan: Plan, count: int) -> list[Plan]:
+    """Up to ``count`` plans the estimate cannot tell from ``plan``: the near ties of
+    ``plan`` and of model R's optimum that it predicts at most ``_TIE`` above ``plan``,
+    least estimate first (then least recompute). Refine's one-checkpoint toggles stop at
+    a local least, so the optimum's neighbours can be below it."""
+    own = estimate_temp_bytes(self.chain, self.buffers, plan)
+    found = {p.checkpoints: p for p in [*self.near_ties(plan, count),
+                                       *self.near_ties(solve(self.chain, "optimal"), count)]}
+    found.pop(plan.checkpoints, None)
+    keys = {c: (estimate_temp_bytes(self.chain, self.buffers, p), recompute_flops(self.chain, p))
+            for c, p in found.items()}
+    ranked = sorted((c for c in found if keys[c][0] <= own * (1 + _TIE)), key=keys.__getitem__)
+    return [found[c] for c in ranked[:count]]
+
   def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
     chain, kept = self.chain, set(plan.checkpoints)
     last = plan.checkpoints[-1] if plan.checkpoints else 0
@@ -213,7 +227,7 @@ class GraphPlanner:
   def budget_fallbacks(self) -> list[Plan]:
     return [solve_graph(self.chain, "optimal"), solve_graph(self.chain, "best-uniform")]
 
-  def near_ties(self, plan: Plan, count: int) -> list[Plan]:
+  def ties(self, plan: Plan, count: int) -> list[Plan]:
     """None: model G does not tell a graph's plans apart finely enough to call two a tie
     (``verify=True`` compiles the plans one cut away)."""
     return []

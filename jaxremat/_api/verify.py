@@ -12,10 +12,9 @@ from jaxremat._model.chain import Plan
 
 #: Whole-step compiles ``verify`` makes at most to pick a plan (the chosen plan included).
 MAX_COMPILES = 6
-#: Extra compiles ``confirm_plan`` makes when XLA misses the prediction.
+#: Extra compiles ``confirm_plan`` makes at most: the estimate's ties of the plan when XLA
+#: meets the prediction, other candidates when it misses.
 CONFIRM_EXTRA = 3
-#: The estimate's near ties ``confirm_plan`` compiles when XLA meets the prediction.
-CONFIRM_TIES = 2
 #: A measured footprint further than this fraction from the prediction is a miss.
 CONFIRM_TOLERANCE = 0.03
 #: Candidates predicted more than this fraction above the least prediction are not compiled.
@@ -66,14 +65,15 @@ def confirm_plan(planner: Planner, plan: Plan,
   """Compiles ``plan`` and keeps XLA's least of what it compiles.
 
   When XLA's footprint is within ``CONFIRM_TOLERANCE`` of the prediction, also compiles
-  up to ``CONFIRM_TIES`` of the estimate's near ties of ``plan`` (one checkpoint away,
-  predicted the same within 1%): where the estimate cannot tell plans apart, XLA can.
-  Otherwise, ``CONFIRM_EXTRA`` candidates (``shortlist`` with ``spread``).
+  up to ``CONFIRM_EXTRA`` plans the estimate ties with ``plan`` (``planner.ties``: one
+  checkpoint from it or from model R's optimum, predicted at most 1% above it): where
+  the estimate cannot tell plans apart, XLA can. Otherwise, ``CONFIRM_EXTRA`` candidates
+  (``shortlist`` with ``spread``).
   """
   measured = measured_bytes(plan)
   if abs(measured - planner.total_bytes(plan)) <= CONFIRM_TOLERANCE * measured:
     found = {plan.checkpoints: measured}
-    for tie in planner.near_ties(plan, CONFIRM_TIES):
+    for tie in planner.ties(plan, CONFIRM_EXTRA):
       found.setdefault(tie.checkpoints, measured_bytes(tie))
     return _least(planner, plan, found, "confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
