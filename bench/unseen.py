@@ -217,7 +217,7 @@ def markdown(rows: list[dict]) -> str:
         f"| {100 * r['apply_vs_best_uniform']:+.1f}% "
         f"| {100 * r['verify_vs_best_uniform']:+.1f}% ({r['verify_seconds']:.0f} s) "
         f"| {100 * r['apply_vs_least']:+.1f}% "
-        f"| {r['apply_seconds']:.1f} ({r.get('compiled', '?')}) | {grad} |")
+        f"| {r['apply_seconds']:.1f} ({r['compiled']}) | {grad} |")
   return "\n".join(lines) + "\n"
 
 

@@ -69,8 +69,9 @@ def apply(
       Default (None): confirm the chosen plan with one compile. When XLA's footprint is
       within 3% of the prediction, also compile up to 3 plans the estimate ties with it
       (one checkpoint from it or from model R's optimum, predicted at most 1% above it);
-      when it is further off, the 3 leading candidates; keep XLA's least. With ``budget_bytes``, fit the budget as above.
-      ``False``: compile nothing (the prediction alone).
+      when it is further off, the 3 leading candidates; keep XLA's least. With
+      ``budget_bytes``, fit the budget as above. ``False``: compile nothing (the
+      prediction alone).
     calibrate: compile each layer's backward alone and take what XLA's temp needs beyond
       its residuals as its workspace (one small compile per layer).
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
