@@ -36,15 +36,16 @@ def least_measured(measured: Measured,
 
 
 def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
-              spread: bool = False) -> list[Plan]:
+              spread: bool = False, prune_above: float = PRUNE_ABOVE) -> list[Plan]:
   """``plan`` and up to ``limit - 1`` of the planner's candidates: where the planner ranks
-  its candidates by prediction, least predicted first, leaving out those predicted over
-  ``PRUNE_ABOVE`` above the least prediction; else in the planner's order.
+  its candidates by prediction, least predicted first, leaving out those predicted more
+  than ``prune_above`` (a fraction) above the least prediction; else in the planner's
+  order.
 
-  ``spread``: the candidates predicted the same footprint as ``plan`` go last. After
-  XLA missed ``plan``'s prediction, the plans predicted the same are likely off the same
-  way (they differ from it by a checkpoint the estimate cannot tell apart); a plan the
-  estimate tells apart is a new measurement.
+  ``spread``: the candidates predicted the same footprint as ``plan`` and one checkpoint
+  move from it (one added, dropped or moved) go last. After XLA missed ``plan``'s
+  prediction, those are likely off the same way (the estimate cannot tell them apart); a
+  plan the estimate tells apart, or of another structure, is a new measurement.
   """
   found = {p.checkpoints: Plan(p.checkpoints) for p in planner.candidates(plan) if not p.is_nested}
   found.pop(plan.checkpoints, None)
@@ -53,10 +54,11 @@ def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
     predicted = {c: planner.total_bytes(p) for c, p in found.items()}
     own = planner.total_bytes(plan)
     least = min([own, *predicted.values()])
-    ranked = sorted((c for c in found if predicted[c] <= least * (1 + PRUNE_ABOVE)),
+    ranked = sorted((c for c in found if predicted[c] <= least * (1 + prune_above)),
                     key=lambda c: (predicted[c], planner.recompute_flops(found[c])))
-    if spread:  # stable: the candidates predicted as ``plan`` was go last
-      ranked.sort(key=lambda c: predicted[c] == own)
+    if spread:  # stable: the candidates predicted as ``plan`` was, a move from it, go last
+      moves = lambda c: len(set(c) ^ set(plan.checkpoints))  # noqa: E731
+      ranked.sort(key=lambda c: predicted[c] == own and moves(c) <= 2)
   return [plan, *(found[c] for c in ranked[:limit - 1])]
 
 
@@ -68,25 +70,29 @@ def confirm_plan(planner: Planner, plan: Plan,
   up to ``CONFIRM_EXTRA`` plans the estimate ties with ``plan`` (``planner.ties``: one
   checkpoint from it or from model R's optimum, predicted at most 1% above it): where
   the estimate cannot tell plans apart, XLA can. Otherwise, ``CONFIRM_EXTRA`` candidates
-  (``shortlist`` with ``spread``).
+  (``shortlist`` with ``spread``), pruned by their prediction only beyond
+  ``PRUNE_ABOVE`` plus the miss: this model's predictions are that far off.
   """
   measured = measured_bytes(plan)
-  if abs(measured - planner.total_bytes(plan)) <= CONFIRM_TOLERANCE * measured:
+  miss = abs(measured - planner.total_bytes(plan)) / measured
+  if miss <= CONFIRM_TOLERANCE:
     found = {plan.checkpoints: measured}
     for tie in planner.ties(plan, CONFIRM_EXTRA):
       found.setdefault(tie.checkpoints, measured_bytes(tie))
     return _least(planner, plan, found, "confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
-                     known={plan.checkpoints: measured}, spread=True)
+                     known={plan.checkpoints: measured}, spread=True,
+                     prune_above=PRUNE_ABOVE + miss)
 
 
 def verify_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], int],
                 limit: int = MAX_COMPILES, known: Measured | None = None,
-                spread: bool = False) -> tuple[Plan, Measured]:
-  """Compiles ``shortlist(planner, plan, limit, spread)`` (less what ``known`` holds) and
-  keeps the plan XLA measures smallest."""
+                spread: bool = False, prune_above: float = PRUNE_ABOVE
+                ) -> tuple[Plan, Measured]:
+  """Compiles ``shortlist(planner, plan, limit, spread, prune_above)`` (less what
+  ``known`` holds) and keeps the plan XLA measures smallest."""
   measured = dict(known or {})
-  for p in shortlist(planner, plan, limit, spread):
+  for p in shortlist(planner, plan, limit, spread, prune_above):
     if p.checkpoints not in measured:
       measured[p.checkpoints] = measured_bytes(p)
   return _least(planner, plan, measured, "verified"), measured
