@@ -11,7 +11,10 @@ For each model (defined here, not in the zoo; the first three are issue 21's hol
 written after every rule): ``jaxremat.apply`` with its defaults, XLA's footprint of its
 gradient step against the prediction, the footprint of every checkpoint-every-k plan
 (k = 1..n) and of ``apply(verify=True)``'s plan, how far the default plan is above the
-least of those, and (CPU) the largest relative gradient difference from the plain model.
+least of those, and (CPU) the largest relative gradient difference from the plain model,
+beside the noise floor: the same difference for the whole model under one ``jax.checkpoint``
+(floating-point reassociation alone; a gradient that is zero in exact arithmetic, such as
+attention's key bias, differs by its whole size).
 With ``--target``, every compile is XLA's GPU compiler's for that GPU, deviceless.
 ``--set zoo`` runs the CPU zoo of ``bench/memory.py`` (``zoo_registry.tagged("cpu")``,
 with their ``apply`` kwargs) through the same comparison, ``--set realworld`` the linen
@@ -193,12 +196,15 @@ def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
       "verify_bytes": verified_bytes, "verify_seconds": verify_seconds,
       "verify_vs_best_uniform": verified_bytes / uniform[best_k] - 1,
       "least_bytes": least, "apply_vs_least": measured / least - 1,
-      "uniform_bytes": uniform, "grad_max_rel_diff": None,
+      "uniform_bytes": uniform, "grad_max_rel_diff": None, "grad_noise_floor": None,
   }
   if target is None:
-    grads = jax.jit(jax.grad(training_loss(r.fn, kwargs)))(params, x)
+    grads = jaxremat.jit(jax.grad(training_loss(r.fn, kwargs)))(params, x)
     plain = jax.jit(jax.grad(training_loss(apply_fn, kwargs)))(params, x)
     row["grad_max_rel_diff"] = _max_rel_diff(grads, plain)
+    whole = lambda p, b, **kw: jax.checkpoint(lambda p_, b_: apply_fn(p_, b_, **kw))(p, b)  # noqa: E731
+    floor = jaxremat.jit(jax.grad(training_loss(whole, kwargs)))(params, x)
+    row["grad_noise_floor"] = _max_rel_diff(floor, plain)
   return row
 
 
@@ -206,10 +212,12 @@ def markdown(rows: list[dict]) -> str:
   mib = 2**20
   lines = ["| model | layers | no remat MiB | apply MiB | predicted MiB | prediction error "
            "| best uniform MiB (k) | apply vs best uniform | `verify=True` vs best uniform "
-           "| apply vs least of verify's and uniform | apply s (compiles) | grad max rel diff |",
+           "| apply vs least of verify's and uniform | apply s (compiles) "
+           "| grad max rel diff (noise floor) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
-    grad = "n/a" if r["grad_max_rel_diff"] is None else f"{r['grad_max_rel_diff']:.1e}"
+    grad = ("n/a" if r["grad_max_rel_diff"] is None else
+            f"{r['grad_max_rel_diff']:.1e} ({r['grad_noise_floor']:.1e})")
     lines.append(
         f"| {r['model']} | {r['layers']} | {r['none_bytes'] / mib:.2f} | {r['apply_bytes'] / mib:.2f} "
         f"| {r['predicted_bytes'] / mib:.2f} | {100 * r['prediction_error']:+.1f}% "
