@@ -14,6 +14,7 @@ from jaxremat._api.planner import Planner, check_budget_method, make_planner
 from jaxremat._api.result import Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
+from jaxremat._backends.replay import Replay, compile_replay
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
@@ -33,6 +34,7 @@ def apply(
     refine: bool = True,
     verify: bool | None = None,
     calibrate: bool = False,
+    profile: str = "jaxpr",
     scan_segment: int | str | None = "auto",
     target: str | Target | None = None,
     **model_kwargs: Any,
@@ -74,6 +76,12 @@ def apply(
       prediction alone).
     calibrate: compile each layer's backward alone and take what XLA's temp needs beyond
       its residuals as its workspace (one small compile per layer).
+    profile: what predicts XLA's footprint of a plan. ``"jaxpr"``: the estimate, from
+      the jaxpr and the backend's rules (no compile). ``"compiled"``: the compiled
+      profile: the training step without remat is compiled once (for ``target``) and
+      each plan replays XLA's own schedule and buffers of it (docs/memory-model.md);
+      chains only (no graph, scanned stack or sharded input). ``Remat.profile`` says
+      which predicted.
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) run as an outer scan over segments of ``k`` iterations, each under
@@ -107,6 +115,7 @@ def apply(
   checks.check_arrays("batch", batch)
   checks.check_options(plan, layer_depth)
   budget = checks.check_budget(budget_bytes) if budget_bytes is not None else None
+  checks.check_profile(profile)
   if budget is not None:
     check_budget_method(method)
     verify = verify is None or bool(verify)
@@ -129,9 +138,14 @@ def apply(
     if verify and scan_segment == "auto":
       segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s))
     traced, scans = _scan.rewrite(traced, segment)
+  def compiled(act_bytes: tuple[int, ...]) -> Replay:  # the compiled profile
+    return compile_replay(traced, training_loss(model_fn, model_kwargs), params, batch,
+                          act_bytes, resolved)
+
   with clock("profile"):
     planner = make_planner(traced, scans, params, batch, model_kwargs, calibrate,
-                           "gpu" if resolved else None)
+                           "gpu" if resolved else None,
+                           compiled if profile == "compiled" else None)
   measure_plan = lambda p: measured(p, traced, scans)  # noqa: E731
   chosen = plan is None
   with clock("solve"):

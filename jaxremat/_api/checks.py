@@ -41,6 +41,10 @@ def check_arrays(what: str, tree: Any) -> None:
         "as keyword arguments.")
 
 
+#: What predicts a plan's footprint: the jaxpr estimate, or the compiled plain step replayed.
+PROFILES = ("jaxpr", "compiled")
+
+
 def check_options(plan: Any, layer_depth: Any) -> None:
   if plan is not None and not isinstance(plan, Plan):
     raise InvalidArgumentError(
@@ -51,6 +55,13 @@ def check_options(plan: Any, layer_depth: Any) -> None:
     raise InvalidArgumentError(
         f"layer_depth must be None or an int >= 0 (0: the root module, 1: its children, "
         f"...), got {layer_depth!r}.")
+
+
+def check_profile(profile: Any) -> None:
+  if profile not in PROFILES:
+    raise InvalidArgumentError(
+        f"profile must be one of {PROFILES} (the jaxpr estimate, or the replay of the "
+        f"plain step XLA compiled), got {profile!r}.")
 
 
 def check_budget(budget_bytes: Any) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -12,6 +13,7 @@ from jaxremat._backends.graph_profile import profile_graph
 from jaxremat._backends.profile import Buffers, profile
 from jaxremat._backends.refine import MAX_LAYERS as MAX_REFINE_LAYERS
 from jaxremat._backends.refine import neighbours, refine
+from jaxremat._backends.replay import Replay
 from jaxremat._errors import (InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError,
                               NotAChainError)
 from jaxremat._jaxpr import scan as _scan
@@ -35,20 +37,35 @@ _MODEL_A_MAX_LAYERS = 1_000  # model A's O(n^3) program: 33 ms at n = 1,000
 
 @dataclasses.dataclass(frozen=True)
 class ChainPlanner:
-  """Plans for a chain: model R's solvers, refined and predicted by the XLA-aware estimate.
+  """Plans for a chain: model R's solvers, refined and predicted by the XLA-aware estimate
+  (the jaxpr profile) or by the replay of the compiled plain step (the compiled profile).
 
   Attributes:
     chain: the profiled layers (bytes, FLOPs, names).
     buffers: the buffers behind the chain's byte counts, for the estimate.
     fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
     scans: one ``ScanPlan`` per scanned layer stack.
+    replay: the compiled plain step, when the compiled profile predicts (else None).
   """
 
   chain: Chain
   buffers: Buffers
   fixed_bytes: int
   scans: tuple[ScanPlan, ...] = ()
+  replay: Replay | None = None
   ranks_candidates = True  # verify compiles the candidates of least prediction first
+
+  @property
+  def profile(self) -> str:
+    """Which profile predicts: ``"compiled"`` (the replay) or ``"jaxpr"`` (the estimate)."""
+    return "compiled" if self.replay is not None else "jaxpr"
+
+  def temp_bytes(self, plan: Plan) -> int:
+    """Predicted XLA temp bytes of a single-level ``plan``: the replay's above the step's
+    fixed bytes, or the estimate's (``estimate_temp_bytes``)."""
+    if self.replay is not None:
+      return self.replay.total_bytes(plan.checkpoints) - self.replay.fixed_bytes
+    return estimate_temp_bytes(self.chain, self.buffers, plan)
 
   @property
   def input_bytes(self) -> int:
@@ -58,7 +75,7 @@ class ChainPlanner:
   def solve(self, method: str, refine_plan: bool = True) -> Plan:
     plan = solve(self.chain, method)
     if method == "optimal" and refine_plan:
-      plan = refine(self.chain, self.buffers, plan)
+      plan = refine(self.chain, plan, self.temp_bytes)
     return plan
 
   def solve_budget(self, budget_bytes: int) -> Plan:
@@ -80,12 +97,15 @@ class ChainPlanner:
     """Predicted XLA footprint of the gradient step under ``plan`` (bytes).
 
     Arguments and parameter gradients are held for the whole step; on top of them the
-    temp bytes peak as the estimate's live buffers (``estimate_temp_bytes``). A
-    multi-level plan, or a chain longer than ``ESTIMATE_MAX_LAYERS``, is predicted by
+    temp bytes peak as the estimate's live buffers (``estimate_temp_bytes``). With the
+    compiled profile, the replay's footprint (XLA's own fixed bytes, the replayed temp).
+    A multi-level plan, or a chain longer than ``ESTIMATE_MAX_LAYERS``, is predicted by
     model R's event simulator instead.
     """
     if plan.is_nested or self.chain.n > ESTIMATE_MAX_LAYERS:
       return self.fixed_bytes + simulate_peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
+    if self.replay is not None:
+      return self.replay.total_bytes(plan.checkpoints)
     return self.fixed_bytes + estimate_temp_bytes(self.chain, self.buffers, plan)
 
   def recompute_flops(self, plan: Plan) -> int:
@@ -104,7 +124,7 @@ class ChainPlanner:
   def budget_fallbacks(self) -> list[Plan]:
     """Plans to try when model R finds none within a budget that XLA may still meet."""
     least = solve(self.chain, "optimal")
-    return [refine(self.chain, self.buffers, least), least, *self.best_uniform(3)]
+    return [refine(self.chain, least, self.temp_bytes), least, *self.best_uniform(3)]
 
   def best_uniform(self, count: int) -> list[Plan]:
     """The ``count`` checkpoint-every-k plans of least estimated footprint (beyond refine's
@@ -112,7 +132,7 @@ class ChainPlanner:
     plans = [uniform_plan(self.chain.n, k) for k in range(1, self.chain.n)]
     if self.chain.n > MAX_REFINE_LAYERS:
       return sorted(plans, key=self.peak_bytes)[:count]
-    return sorted(plans, key=lambda p: estimate_temp_bytes(self.chain, self.buffers, p))[:count]
+    return sorted(plans, key=self.temp_bytes)[:count]
 
   def near_ties(self, plan: Plan, count: int) -> list[Plan]:
     """Up to ``count`` plans one checkpoint away from ``plan`` whose estimated temp bytes
@@ -123,9 +143,8 @@ class ChainPlanner:
     if n > MAX_REFINE_LAYERS or plan.is_nested:
       return []
     near = set(neighbours(plan.checkpoints, n))
-    limit = estimate_temp_bytes(self.chain, self.buffers, plan) * (1 + _TIE)
-    keys = {c: (estimate_temp_bytes(self.chain, self.buffers, Plan(c)),
-                recompute_flops(self.chain, Plan(c))) for c in near}
+    limit = self.temp_bytes(plan) * (1 + _TIE)
+    keys = {c: (self.temp_bytes(Plan(c)), recompute_flops(self.chain, Plan(c))) for c in near}
     ties = sorted((c for c in near if keys[c][0] <= limit), key=keys.__getitem__)
     return [Plan(c) for c in ties[:count]]
 
@@ -134,12 +153,11 @@ class ChainPlanner:
     ``plan`` and of model R's optimum that it predicts at most ``_TIE`` above ``plan``,
     least estimate first (then least recompute). Refine's one-checkpoint toggles stop at
     a local least, so the optimum's neighbours can be below it."""
-    own = estimate_temp_bytes(self.chain, self.buffers, plan)
+    own = self.temp_bytes(plan)
     found = {p.checkpoints: p for p in [*self.near_ties(plan, count),
                                        *self.near_ties(solve(self.chain, "optimal"), count)]}
     found.pop(plan.checkpoints, None)
-    keys = {c: (estimate_temp_bytes(self.chain, self.buffers, p), recompute_flops(self.chain, p))
-            for c, p in found.items()}
+    keys = {c: (self.temp_bytes(p), recompute_flops(self.chain, p)) for c, p in found.items()}
     ranked = sorted((c for c in found if keys[c][0] <= own * (1 + _TIE)), key=keys.__getitem__)
     return [found[c] for c in ranked[:count]]
 
@@ -250,9 +268,11 @@ Planner = ChainPlanner | GraphPlanner
 
 
 def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, batch: Any,
-                 model_kwargs: dict[str, Any], calibrate: bool, platform: str | None) -> Planner:
+                 model_kwargs: dict[str, Any], calibrate: bool, platform: str | None,
+                 compiled: Callable[[tuple[int, ...]], Replay] | None = None) -> Planner:
   """Profiles the traced layers into the planner for their structure (chain or graph), as
-  XLA on ``platform`` (default: the local backend) keeps them."""
+  XLA on ``platform`` (default: the local backend) keeps them. ``compiled`` (the
+  compiled profile): the replay of the plain step, given the chain's activation bytes."""
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = checks.fixed_bytes(params, batch, arrays)
   sharded = _sharding.is_sharded((params, batch, arrays))
@@ -260,6 +280,13 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
     raise InvalidArgumentError(
         "a target= plans for one GPU; pass unsharded params and batch (or "
         "jax.ShapeDtypeStructs of one device's shapes).")
+  if compiled is not None and (traced.not_a_chain is not None or scans or sharded):
+    what = ("a graph of layers" if traced.not_a_chain is not None else
+            "scanned layer stacks" if scans else "sharded inputs")
+    raise InvalidArgumentError(
+        f"profile='compiled' replays a chain of layers compiled as one program; this "
+        f"model has {what}. Use profile='jaxpr' (the estimate)"
+        + (", or scan_segment=None." if scans else "."))
   if traced.not_a_chain is not None:  # traced.is_graph
     if sharded:
       raise NotAChainError(
@@ -279,7 +306,8 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
     chain = prof.chain
     fixed = (_sharding.tree_device_bytes((params, batch, arrays))
              + _sharding.tree_device_bytes(params, floats_only=True))
-  return ChainPlanner(chain, prof.buffers, fixed, scans)
+  return ChainPlanner(chain, prof.buffers, fixed, scans,
+                      compiled(chain.act_bytes) if compiled else None)
 
 
 def fmt_bytes(num_bytes: int) -> str:

@@ -63,6 +63,12 @@ class Remat:
     return isinstance(self.chain, GraphChain)
 
   @property
+  def profile(self) -> str:
+    """What predicted the plans' footprints: ``"jaxpr"`` (the estimate, or model G on a
+    graph) or ``"compiled"`` (the plain step XLA compiled, replayed)."""
+    return getattr(self._model, "profile", "jaxpr")
+
+  @property
   def predicted_peak_bytes(self) -> int:
     """The memory model's activation peak of the plan (bytes): model R, or model G."""
     return self._model.peak_bytes(self.plan)
@@ -83,8 +89,9 @@ class Remat:
 
     Arguments (params, batch, array kwargs) and the parameter gradients are held for the
     whole step; on top of them the temp bytes peak as the backend's estimate of its live
-    buffers (chains), or as model G's peak (graphs). A multi-level plan is predicted by
-    model R's event simulator.
+    buffers (chains), or as model G's peak (graphs); with ``profile="compiled"``, as the
+    replay of the compiled plain step. A multi-level plan is predicted by model R's event
+    simulator.
     """
     return self._model.total_bytes(plan)
 
@@ -129,7 +136,7 @@ class Remat:
     if self.decomposition:
       lines.append(f"layers: {self.decomposition}")
     lines.append(f"input x_0: {fmt_bytes(planner.input_bytes)}; fixed (params, batch, grads): "
-                 f"{fmt_bytes(self.fixed_bytes)}")
+                 f"{fmt_bytes(self.fixed_bytes)}; predicted by the {self.profile} profile")
     plans = planner.reported_plans(plan)
     w = max(14, *(len(m) + 2 for m in plans))
     lines.append(f"{'strategy':<{w}}{'checkpoints':>12}{model + ' peak':>16}"

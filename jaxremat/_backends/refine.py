@@ -1,10 +1,10 @@
-"""Improve a plan against the XLA-aware estimate by local search (toggle one checkpoint)."""
+"""Improve a plan against a prediction of XLA's footprint by local search (toggle one checkpoint)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from jaxremat._model.chain import Chain, Plan, recompute_flops
-from jaxremat._backends.estimate import estimate_temp_bytes
-from jaxremat._backends.profile import Buffers
 from jaxremat.solvers import uniform_plan
 
 #: Longest chain refined: each round costs n estimates of O(n^2) buffer steps each (a
@@ -13,11 +13,13 @@ from jaxremat.solvers import uniform_plan
 MAX_LAYERS = 64
 
 
-def refine(chain: Chain, buffers: Buffers, plan: Plan, max_rounds: int = 50) -> Plan:
-  """The plan of least estimated XLA temp bytes reachable from ``plan`` or a uniform plan.
+def refine(chain: Chain, plan: Plan, predicted_bytes: Callable[[Plan], int],
+           max_rounds: int = 50) -> Plan:
+  """The plan of least ``predicted_bytes`` (XLA's temp bytes, as the estimate or the
+  compiled profile predicts them) reachable from ``plan`` or a uniform plan.
 
   Starts from ``plan`` and every uniform plan (checkpoint every ``k`` layers), keeps the
-  best by ``(estimate, recomputed FLOPs)``, then adds or removes one checkpoint at a
+  best by ``(prediction, recomputed FLOPs)``, then adds or removes one checkpoint at a
   time while that lowers the key. ``plan`` is returned unchanged when nothing is better.
   (Moving a checkpoint as well reaches plans of lower key, which XLA measured 2% smaller
   on the zoo's VGG-11 and 9% larger on a conv stack with an average pool: not done.)
@@ -27,7 +29,7 @@ def refine(chain: Chain, buffers: Buffers, plan: Plan, max_rounds: int = 50) -> 
     return plan
 
   def key(p: Plan):
-    return estimate_temp_bytes(chain, buffers, p), recompute_flops(chain, p)
+    return predicted_bytes(p), recompute_flops(chain, p)
 
   best, best_key = plan, key(plan)
   for k in range(1, n + 1):

@@ -1,0 +1,205 @@
+"""The compiled profile: a plan's footprint replayed from the plain step XLA compiled.
+
+``apply(profile="compiled")`` compiles the training step without remat once, for the
+target, and reads XLA's temp values off its dump (``xla_dump``): each value's bytes, its
+live range over XLA's schedule, and whether it is computed from the batch. Each schedule
+step gets a phase and a layer: before the turn (the first backward instruction that reads
+the batch) the forward layer of the latest instruction with a model op name; from the
+turn on, the layer of the latest backward instruction whose op name fits (the layers run
+backward from the last).
+
+A plan's step is the plain step's steps in another order: the forward, then per segment
+from the last its recompute (its layers' forward steps; none for the last segment) and
+its backward. Each value lives where its steps fall (``Replay.total_bytes``). What XLA
+decided for the plain step stands: its temp values count, the values it placed in output
+buffers do not, and a value written over another (at its offset, from the step the other
+ends) shares its bytes. The no-remat plan replays the plain step's live bytes exactly;
+what the replay cannot see is a fusion XLA makes only under remat (docs/memory-model.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from jaxremat._backends.measure import compile_footprint
+from jaxremat._backends.targets import Target, target_footprint
+from jaxremat._backends.xla_dump import Dump, LayerNames, read_dump
+from jaxremat._jaxpr.trace import TracedChain
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+  """A temp value of the plain step: schedule steps (both included), bytes, whether it is
+  computed from the batch, and the last forward step that reads it (None: none)."""
+
+  first: int
+  last: int
+  size: int
+  from_batch: bool
+  forward_read: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+  """The plain step as XLA compiled it, to replay for plans.
+
+  Attributes:
+    values: the temp values (``Value``).
+    turn: the first backward step.
+    forward_layer: per forward step, its layer (0-based).
+    backward_layer: per step from the turn on, its layer (0-based).
+    act_bytes: ``a_0..a_n`` of the chain (bytes): a checkpoint's size.
+    fixed_bytes: the step's argument + output - alias bytes.
+  """
+
+  values: tuple[Value, ...]
+  turn: int
+  forward_layer: tuple[int, ...]
+  backward_layer: tuple[int, ...]
+  act_bytes: tuple[int, ...]
+  fixed_bytes: int
+
+  def total_bytes(self, checkpoints: Sequence[int]) -> int:
+    """The footprint of the plan with these checkpoints (bytes), replayed.
+
+    A value of no batch (an iota, a weight's copy) lives over its steps; a forward
+    value read in the forward only, in the forward and again in its segment's recompute
+    while the segment reads it; a kept value of the last segment, from the forward to its
+    backward read; of an earlier segment, in the forward while the forward reads it and
+    from its recompute to its backward read; read by a later segment's backward, it is
+    that segment's input ``x_r`` (up to ``a_r`` bytes), held; a backward value over its
+    steps. Each checkpoint ``x_c`` not held that way: ``a_c`` bytes from layer ``c``'s
+    forward to layer ``c + 1``'s backward.
+    """
+    n, turn = len(self.act_bytes) - 1, self.turn
+    bounds = [0, *checkpoints, n]
+    segments = list(zip(bounds[:-1], bounds[1:]))
+    last = len(segments) - 1
+    segment_of = {i: s for s, (l, r) in enumerate(segments) for i in range(l, r)}
+    pos: dict[tuple[Any, ...], int] = {("F", t): t for t in range(turn)}
+    for s in range(last, -1, -1):  # the virtual schedule: recompute, then backward
+      if s != last:
+        for t, layer in enumerate(self.forward_layer):
+          if segment_of[layer] == s:
+            pos["R", s, t] = len(pos)
+      for t, layer in enumerate(self.backward_layer, start=turn):
+        if segment_of[layer] == s:
+          pos["B", t] = len(pos)
+    live = [0] * (len(pos) + 1)  # bytes live, as differences from step to step
+    held: collections.Counter[int] = collections.Counter()
+
+    def add(a: int, b: int, size: int) -> None:
+      if b >= a and size > 0:
+        live[a] += size
+        live[b + 1] -= size
+
+    def at(t: int) -> int:
+      return pos["F" if t < turn else "B", t]
+
+    for v in self.values:
+      if not v.from_batch or v.first >= turn:
+        add(at(v.first), at(v.last), v.size)
+        continue
+      s = segment_of[self.forward_layer[v.first]]
+      if v.last < turn:  # read in the forward only
+        add(at(v.first), at(v.last), v.size)
+        again = [t for t in range(v.first, v.last + 1) if ("R", s, t) in pos]
+        if again:
+          add(pos["R", s, v.first], pos["R", s, max(again)], v.size)
+        continue
+      reader = segment_of[self.backward_layer[v.last - turn]]
+      if s == last:
+        add(at(v.first), at(v.last), v.size)
+      elif reader > s:  # a later segment's backward reads it: that segment's input
+        if self.forward_layer[v.first] == segments[s][1] - 1:
+          take = min(v.size, self.act_bytes[segments[s][1]] - held[s])
+          add(at(v.first), at(v.last), take)
+          held[s] += take
+      else:
+        if v.forward_read is not None:
+          add(at(v.first), at(v.forward_read), v.size)
+        start, end = pos["R", s, v.first], at(v.last)
+        add(start if end >= start else at(v.first), end, v.size)
+    for s, (_, c) in enumerate(segments[:-1]):  # checkpoints no kept value holds
+      made = max(t for t, layer in enumerate(self.forward_layer) if layer <= c - 1)
+      read = max(t for t, layer in enumerate(self.backward_layer, start=turn) if layer >= c)
+      add(at(made), at(read), max(0, self.act_bytes[c] - held[s]))
+    peak = running = 0
+    for change in live:
+      running += change
+      peak = max(peak, running)
+    return self.fixed_bytes + peak
+
+
+def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any], Any], params: Any,
+                   batch: Any, act_bytes: Sequence[int], target: Target | None = None) -> Replay:
+  """Compiles ``jax.grad(loss_fn)`` once (for ``target``, deviceless, when given; else on
+  the local backend) with an XLA dump, and reads its ``Replay``; ``traced`` gives the
+  layers' names, ``act_bytes`` the chain's activation bytes."""
+  with tempfile.TemporaryDirectory() as out:
+    options = {"xla_dump_to": out}
+    step = jax.grad(loss_fn)
+    footprint = (target_footprint(step, (params, batch), target, options) if target
+                 else compile_footprint(step, params, batch, compiler_options=options))
+    found = read_dump(out, footprint.temp_bytes)
+  return replay_of(found, traced, act_bytes, footprint.total_bytes - footprint.temp_bytes)
+
+
+def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_bytes: int
+              ) -> Replay:
+  """The ``Replay`` of a dumped plain step of ``traced``'s model."""
+  layers = LayerNames(traced)
+  ops, schedule = dump.ops, dump.schedule
+  producers: dict[str, set[str]] = collections.defaultdict(set)
+  for v in dump.values.values():
+    for u in v.uses:
+      producers[u].add(v.instr)
+  leaf = {name for name, (_, is_leaf) in ops.items() if is_leaf}
+  paths = {name: layers.path(op) for name, (op, _) in ops.items()}
+  backward = {name for name, (op, _) in ops.items() if "transpose(" in op}
+  data = {name for name in leaf if ops[name][0].startswith("batch")}  # the batch's parameters
+  for name in schedule:
+    if producers[name] & data:
+      data.add(name)
+  turn = next((i for i, name in enumerate(schedule) if name in backward and name in data),
+              len(schedule))
+  layer_of: dict[str, int] = {}
+  for name in schedule[:turn]:
+    path = paths.get(name)
+    if name in backward or name in leaf or (path is None and ops.get(name, ("x",))[0]):
+      continue
+    after = max((layer_of[p] for p in producers[name] if p in layer_of), default=-1)
+    fits = layers.candidates(path or ())
+    later = [i for i in fits if i >= after]
+    if fits:
+      layer_of[name] = min(later) if later else max(fits)
+    elif after >= 0:
+      layer_of[name] = after
+  forward_layer, current = [], 0
+  for name in schedule[:turn]:
+    current = layer_of.get(name, current)
+    forward_layer.append(current)
+  backward_layer, current = [], len(traced.layers) - 1
+  for name in schedule[turn:]:
+    path = paths.get(name)
+    fits = layers.candidates(path) if name in backward and path else []
+    if fits:
+      below = [i for i in fits if i <= current]
+      current = max(below) if below else min(fits)
+    backward_layer.append(current)
+  step = {name: i for i, name in enumerate(schedule)}
+  temp = [v for v in dump.values.values() if v.allocation == "temp" and v.first >= 0]
+  starts = {(v.first, v.offset) for v in temp}  # a value written over one that ends there
+  values = tuple(
+      Value(v.first, v.last - 1 if (v.last, v.offset) in starts and v.last > v.first else v.last,
+            v.size, v.instr in data or v.first >= turn,
+            max((step[u] for u in v.uses if step.get(u, turn) < turn), default=None))
+      for v in temp)
+  return Replay(values, turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
+                fixed_bytes)
