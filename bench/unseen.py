@@ -8,8 +8,9 @@
     PYTHONPATH=. python bench/unseen.py --set realworld ...  # Flax-style transformers, dropout
 
 For each model (defined here, not in the zoo; the first three are issue 21's holdout,
-written after every rule): ``jaxremat.apply`` with its defaults, XLA's footprint of its
-gradient step against the prediction, the footprint of every checkpoint-every-k plan
+written after every rule): ``jaxremat.apply`` with its defaults and ``profile="jaxpr"``
+(the estimate), and again with ``profile="compiled"`` (the replay of the compiled plain
+step), XLA's footprint of each one's gradient step against its prediction, the footprint of every checkpoint-every-k plan
 (k = 1..n) and of ``apply(verify=True)``'s plan, how far the default plan is above the
 least of those, and (CPU) the largest relative gradient difference from the plain model,
 beside the noise floor: the same difference for the whole model under one ``jax.checkpoint``
@@ -170,7 +171,7 @@ def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
     return jaxremat.measure(training_loss(fn, kwargs), params, x, target=target).total_bytes
 
   start = time.perf_counter()
-  r = jaxremat.apply(apply_fn, params, x, target=target, **kwargs)
+  r = jaxremat.apply(apply_fn, params, x, target=target, profile="jaxpr", **kwargs)
   apply_seconds = time.perf_counter() - start
   measured = footprint(r.fn)
   none = footprint(apply_fn)
@@ -181,7 +182,8 @@ def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
                                           target=target, **kwargs).fn)
   best_k = min(uniform, key=uniform.get)
   start = time.perf_counter()
-  verified = jaxremat.apply(apply_fn, params, x, verify=True, target=target, **kwargs)
+  verified = jaxremat.apply(apply_fn, params, x, verify=True, target=target, profile="jaxpr",
+                            **kwargs)
   verify_seconds = time.perf_counter() - start
   verified_bytes = footprint(verified.fn)
   compiled = _compiled_profile(apply_fn, params, x, target, kwargs, footprint)

@@ -7,7 +7,6 @@ import jax
 import pytest
 
 import jaxremat
-from jaxremat import zoo_graphs
 from jaxremat.solvers import uniform_plan
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
@@ -70,17 +69,3 @@ def test_compiled_profile_keeps_the_gradients() -> None:
   want = jax.jit(jax.grad(loss(model.apply)))(params, x)
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     assert jax.numpy.allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_unknown_profile_is_refused() -> None:
-  model, params, x = _mlp()
-  with pytest.raises(jaxremat.InvalidArgumentError, match="profile must be one of"):
-    jaxremat.apply(model.apply, params, x, profile="xla")
-
-
-def test_compiled_profile_refuses_a_graph() -> None:
-  model = zoo_graphs.UNet((4, 8, 16))
-  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
-  params = model.init(jax.random.key(1), x)
-  with pytest.raises(jaxremat.InvalidArgumentError, match="profile='jaxpr'"):
-    jaxremat.apply(model.apply, params, x, profile="compiled")

@@ -192,8 +192,14 @@ def test_apply_plans_for_the_target_from_abstract_inputs():
   params = jax.eval_shape(model.init, jax.random.key(0), x)
   r = jaxremat.apply(model.apply, params, x, target="h100")
   assert r.target == "h100" and r.measured_total_bytes
+  assert r.profile == "compiled"  # the default for a GPU target: the replayed compile
   loss = lambda p, b: jnp.mean(jnp.square(r.fn(p, b)))  # noqa: E731
   assert r.measured_total_bytes == jaxremat.measure(loss, params, x, target="h100").total_bytes
   plain = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(model.apply(p, b))), params, x,
                            target="h100")
   assert r.measured_total_bytes <= plain.total_bytes
+  # The replay is XLA's live bytes; the GPU heap leaves gaps between them (here 2.1 MB).
+  fixed = plain.total_bytes - plain.temp_bytes
+  assert fixed < r.predict_total_bytes(jaxremat.Plan()) <= plain.total_bytes
+  assert jaxremat.apply(model.apply, params, x, target="h100", profile="jaxpr",
+                        verify=False).profile == "jaxpr"

@@ -34,7 +34,7 @@ def apply(
     refine: bool = True,
     verify: bool | None = None,
     calibrate: bool = False,
-    profile: str = "jaxpr",
+    profile: str | None = None,
     scan_segment: int | str | None = "auto",
     target: str | Target | None = None,
     **model_kwargs: Any,
@@ -80,8 +80,9 @@ def apply(
       the jaxpr and the backend's rules (no compile). ``"compiled"``: the compiled
       profile: the training step without remat is compiled once (for ``target``) and
       each plan replays XLA's own schedule and buffers of it (docs/memory-model.md);
-      chains only (no graph, scanned stack or sharded input). ``Remat.profile`` says
-      which predicted.
+      chains only (no graph, scanned stack or sharded input). Default (None):
+      ``"compiled"`` for a GPU ``target`` where the model is such a chain, else
+      ``"jaxpr"``. ``Remat.profile`` says which predicted.
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) run as an outer scan over segments of ``k`` iterations, each under
@@ -115,7 +116,8 @@ def apply(
   checks.check_arrays("batch", batch)
   checks.check_options(plan, layer_depth)
   budget = checks.check_budget(budget_bytes) if budget_bytes is not None else None
-  checks.check_profile(profile)
+  if profile is not None:
+    checks.check_profile(profile)
   if budget is not None:
     check_budget_method(method)
     verify = verify is None or bool(verify)
@@ -142,10 +144,11 @@ def apply(
     return compile_replay(traced, training_loss(model_fn, model_kwargs), params, batch,
                           act_bytes, resolved)
 
+  replayed = (profile or ("compiled" if resolved else "jaxpr")) == "compiled"
   with clock("profile"):
     planner = make_planner(traced, scans, params, batch, model_kwargs, calibrate,
-                           "gpu" if resolved else None,
-                           compiled if profile == "compiled" else None)
+                           "gpu" if resolved else None, compiled if replayed else None,
+                           required=profile is not None)
   measure_plan = lambda p: measured(p, traced, scans)  # noqa: E731
   chosen = plan is None
   with clock("solve"):

@@ -79,7 +79,7 @@ def apply_nnx(
       figures; all other state (batch statistics, rng keys) is carried as traced
       arguments.
     **kwargs: the options of ``jaxremat.apply`` (``method``, ``budget_bytes``,
-      ``plan``, ``layer_depth``, ``refine``, ``verify``, ``calibrate``,
+      ``plan``, ``layer_depth``, ``refine``, ``verify``, ``calibrate``, ``profile``,
       ``scan_segment``), as there; every other keyword is passed to the model on every
       call (array leaves are traced).
 

@@ -269,10 +269,12 @@ Planner = ChainPlanner | GraphPlanner
 
 def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, batch: Any,
                  model_kwargs: dict[str, Any], calibrate: bool, platform: str | None,
-                 compiled: Callable[[tuple[int, ...]], Replay] | None = None) -> Planner:
+                 compiled: Callable[[tuple[int, ...]], Replay] | None = None,
+                 required: bool = True) -> Planner:
   """Profiles the traced layers into the planner for their structure (chain or graph), as
   XLA on ``platform`` (default: the local backend) keeps them. ``compiled`` (the
-  compiled profile): the replay of the plain step, given the chain's activation bytes."""
+  compiled profile): the replay of the plain step, given the chain's activation bytes;
+  on a model it cannot replay, an error when ``required``, else the jaxpr profile."""
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = checks.fixed_bytes(params, batch, arrays)
   sharded = _sharding.is_sharded((params, batch, arrays))
@@ -281,6 +283,8 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
         "a target= plans for one GPU; pass unsharded params and batch (or "
         "jax.ShapeDtypeStructs of one device's shapes).")
   if compiled is not None and (traced.not_a_chain is not None or scans or sharded):
+    if not required:
+      return make_planner(traced, scans, params, batch, model_kwargs, calibrate, platform)
     what = ("a graph of layers" if traced.not_a_chain is not None else
             "scanned layer stacks" if scans else "sharded inputs")
     raise InvalidArgumentError(
