@@ -1,7 +1,7 @@
 """The compiled profile's replay against the jaxpr estimate and XLA, per checkpoint-every-k plan.
 
     PYTHONPATH=. python bench/replay.py bench/results/unseen-cpu/unseen.json \
-        [--set unseen|zoo] [--target h100] --out bench/results/replay-cpu/replay.json
+        [--set unseen|zoo|realworld] [--target h100] --out bench/results/replay-cpu/replay.json
 
 For each model of the set, the footprint of every checkpoint-every-k plan (k = n: no
 remat) as the jaxpr estimate predicts it (``apply(profile="jaxpr")``), as the compiled
@@ -44,7 +44,7 @@ def plain_replay(fn, params, x, kwargs, target: str | None = None
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("measured", help="a bench/unseen.py JSON of the same set (XLA's figures)")
-  parser.add_argument("--set", default="unseen", choices=SETS[:2])
+  parser.add_argument("--set", default="unseen", choices=SETS)
   parser.add_argument("--target", help="compile for this GPU deviceless (h100, a100)")
   parser.add_argument("--out", required=True, help="JSON path (markdown written beside it)")
   args = parser.parse_args()

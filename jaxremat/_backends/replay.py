@@ -35,13 +35,14 @@ from jaxremat._jaxpr.trace import TracedChain
 
 @dataclasses.dataclass(frozen=True)
 class Value:
-  """A temp value of the plain step: schedule steps (both included), bytes, whether it is
-  computed from the batch, and the last forward step that reads it (None: none)."""
+  """A temp value of the plain step: schedule steps (both included), bytes, whether the
+  batch or a layer makes it (else: an iota or a constant, made once), and the last
+  forward step that reads it (None: none)."""
 
   first: int
   last: int
   size: int
-  from_batch: bool
+  from_model: bool
   forward_read: int | None
 
 
@@ -68,7 +69,8 @@ class Replay:
   def total_bytes(self, checkpoints: Sequence[int]) -> int:
     """The footprint of the plan with these checkpoints (bytes), replayed.
 
-    A value of no batch (an iota, a weight's copy) lives over its steps; a forward
+    A value made once (no layer and no batch value makes it: an iota, a constant)
+    lives over its steps; a forward
     value read in the forward only, in the forward and again in its segment's recompute
     while the segment reads it; a kept value of the last segment, from the forward to its
     backward read; of an earlier segment, in the forward while the forward reads it and
@@ -103,7 +105,7 @@ class Replay:
       return pos["F" if t < turn else "B", t]
 
     for v in self.values:
-      if not v.from_batch or v.first >= turn:
+      if not v.from_model or v.first >= turn:
         add(at(v.first), at(v.last), v.size)
         continue
       s = segment_of[self.forward_layer[v.first]]
@@ -198,7 +200,7 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
   starts = {(v.first, v.offset) for v in temp}  # a value written over one that ends there
   values = tuple(
       Value(v.first, v.last - 1 if (v.last, v.offset) in starts and v.last > v.first else v.last,
-            v.size, v.instr in data or v.first >= turn,
+            v.size, v.instr in data or v.first >= turn or paths.get(v.instr) is not None,
             max((step[u] for u in v.uses if step.get(u, turn) < turn), default=None))
       for v in temp)
   return Replay(values, turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
