@@ -35,7 +35,7 @@ def plain_replay(fn, params, x, kwargs, target: str | None = None
                  ) -> tuple[Replay, jaxremat.Remat]:
   """The plain step's ``Replay`` (one compile with a dump, for ``target`` when given)
   and ``apply``'s result (its estimate)."""
-  r = jaxremat.apply(fn, params, x, verify=False, target=target, **kwargs)
+  r = jaxremat.apply(fn, params, x, verify=False, target=target, profile="jaxpr", **kwargs)
   traced = trace(fn, params, x, kwargs, None)
   return compile_replay(traced, training_loss(fn, kwargs), params, x, r.chain.act_bytes,
                         get_target(target)), r
