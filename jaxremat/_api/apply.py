@@ -140,6 +140,7 @@ def apply(
     if verify and scan_segment == "auto":
       segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s))
     traced, scans = _scan.rewrite(traced, segment)
+
   def compiled(act_bytes: tuple[int, ...]) -> Replay:  # the compiled profile
     return compile_replay(traced, training_loss(model_fn, model_kwargs), params, batch,
                           act_bytes, resolved)
