@@ -69,15 +69,15 @@ class Replay:
   def total_bytes(self, checkpoints: Sequence[int]) -> int:
     """The footprint of the plan with these checkpoints (bytes), replayed.
 
-    A value made once (no layer and no batch value makes it: an iota, a constant)
-    lives over its steps; a forward
-    value read in the forward only, in the forward and again in its segment's recompute
-    while the segment reads it; a kept value of the last segment, from the forward to its
-    backward read; of an earlier segment, in the forward while the forward reads it and
-    from its recompute to its backward read; read by a later segment's backward, it is
-    that segment's input ``x_r`` (up to ``a_r`` bytes), held; a backward value over its
-    steps. Each checkpoint ``x_c`` not held that way: ``a_c`` bytes from layer ``c``'s
-    forward to layer ``c + 1``'s backward.
+    A value made once (no layer and no batch value makes it: an iota, a constant) lives
+    over its steps; a forward value read in the forward only, in the forward and again
+    in its segment's recompute while the segment reads it; a kept value of the last
+    segment, from the forward to its backward read; of an earlier segment, in the
+    forward while the forward reads it and from its recompute to its backward read;
+    read by a later segment's backward, it is that segment's input ``x_r`` (up to
+    ``a_r`` bytes), held; a backward value over its steps. Each checkpoint ``x_c`` not
+    held that way: ``a_c`` bytes from layer ``c``'s forward to layer ``c + 1``'s
+    backward.
     """
     n, turn = len(self.act_bytes) - 1, self.turn
     bounds = [0, *checkpoints, n]
@@ -129,8 +129,10 @@ class Replay:
         start, end = pos["R", s, v.first], at(v.last)
         add(start if end >= start else at(v.first), end, v.size)
     for s, (_, c) in enumerate(segments[:-1]):  # checkpoints no kept value holds
-      made = max(t for t, layer in enumerate(self.forward_layer) if layer <= c - 1)
-      read = max(t for t, layer in enumerate(self.backward_layer, start=turn) if layer >= c)
+      made = max((t for t, layer in enumerate(self.forward_layer) if layer <= c - 1),
+                 default=0)
+      read = max((t for t, layer in enumerate(self.backward_layer, start=turn) if layer >= c),
+                 default=turn + len(self.backward_layer) - 1)
       add(at(made), at(read), max(0, self.act_bytes[c] - held[s]))
     peak = running = 0
     for change in live:
