@@ -193,6 +193,7 @@ class GraphPlanner:
   not_a_chain: str = ""
   scans: tuple[ScanPlan, ...] = ()
   ranks_candidates = False
+  profile = "jaxpr"  # model G, from the jaxpr profile (no compiled profile for graphs)
 
   @property
   def input_bytes(self) -> int:
@@ -283,14 +284,14 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
         "a target= plans for one GPU; pass unsharded params and batch (or "
         "jax.ShapeDtypeStructs of one device's shapes).")
   if compiled is not None and (traced.not_a_chain is not None or scans or sharded):
-    if not required:
-      return make_planner(traced, scans, params, batch, model_kwargs, calibrate, platform)
-    what = ("a graph of layers" if traced.not_a_chain is not None else
-            "scanned layer stacks" if scans else "sharded inputs")
-    raise InvalidArgumentError(
-        f"profile='compiled' replays a chain of layers compiled as one program; this "
-        f"model has {what}. Use profile='jaxpr' (the estimate)"
-        + (", or scan_segment=None." if scans else "."))
+    if required:
+      what = ("a graph of layers" if traced.not_a_chain is not None else
+              "scanned layer stacks" if scans else "sharded inputs")
+      raise InvalidArgumentError(
+          f"profile='compiled' replays a chain of layers compiled as one program; this "
+          f"model has {what}. Use profile='jaxpr' (the estimate)"
+          + (", or scan_segment=None." if scans else "."))
+    compiled = None  # by default, the estimate where the replay cannot go
   if traced.not_a_chain is not None:  # traced.is_graph
     if sharded:
       raise NotAChainError(

@@ -66,7 +66,7 @@ class Remat:
   def profile(self) -> str:
     """What predicted the plans' footprints: ``"jaxpr"`` (the estimate, or model G on a
     graph) or ``"compiled"`` (the plain step XLA compiled, replayed)."""
-    return getattr(self._model, "profile", "jaxpr")
+    return self._model.profile
 
   @property
   def predicted_peak_bytes(self) -> int:
