@@ -37,7 +37,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts: the CUDA plugin needs it
-from bench.gpu_validate import STRATEGIES, models
+from bench.gpu_validate import STRATEGIES, models, safe_name
 from jaxremat._backends.targets import GPU_AOT_OPTIONS
 
 RECORDED = os.path.join(ROOT, "bench", "results", "gpu-h100", "compile-only.json")
@@ -86,7 +86,7 @@ def worker(spec: dict) -> list:
       fn = jaxremat.apply(model.apply, params, x, plan=jaxremat.Plan(checkpoints=key),
                           **kwargs).fn
       compiled = targets.compile_on_target(jax.grad(training_loss(fn, kwargs)), (params, x), "h100",
-                                           NO_XLA_REMAT)
+                                           spec["options"])
       mem = compiled.memory_analysis()
       parts = [mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.temp_size_in_bytes,
                mem.alias_size_in_bytes]
@@ -95,6 +95,16 @@ def worker(spec: dict) -> list:
                    "seconds": round(time.perf_counter() - start, 1)}
     rows.append({"strategy": strategy, "checkpoints": checkpoints, **seen[key]})
   return rows
+
+
+def options_for(model: str, autotune: str | None) -> dict:
+  """XLA options of a model's deviceless compiles: remat off; without autotune results,
+  Triton GEMMs off (the target's default); with them, the model's results loaded."""
+  if not autotune:
+    return {**dict(GPU_AOT_OPTIONS), **NO_XLA_REMAT}
+  path = os.path.join(os.path.abspath(autotune), f"{safe_name(model)}.textproto")
+  return {**NO_XLA_REMAT, "xla_gpu_enable_triton_gemm": True,
+          "xla_gpu_load_autotune_results_from": path}
 
 
 def run_model(spec: dict, timeout: float) -> list | dict:
@@ -134,9 +144,14 @@ def recorded_calls(dumps: str | None, model: str, strategy: str) -> dict | None:
 
 
 def versions() -> dict:
-  names = ("jax", "jaxlib", "flax", "jax-cuda12-plugin", "jax-cuda12-pjrt")
-  return {**{n: importlib.metadata.version(n) for n in names},
-          "python": platform.python_version()}
+  found = {}
+  for name in ("jax", "jaxlib", "flax", "jax-cuda12-plugin", "jax-cuda12-pjrt",
+               "jax-cuda13-plugin", "jax-cuda13-pjrt"):
+    try:
+      found[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return {**found, "python": platform.python_version()}
 
 
 def to_markdown(meta: dict, rows: list, not_run: list) -> str:
@@ -163,6 +178,9 @@ def main() -> int:
   parser.add_argument("--dumps", help="the recorded run's XLA dumps, DIR/<model>/<strategy>/")
   parser.add_argument("--only", help="just these models (comma-separated)")
   parser.add_argument("--budget-seconds", type=float, default=1500.0)
+  parser.add_argument("--autotune", help="a directory of XLA autotune results per model "
+                      "(<model>.textproto, gpu_validate.py --autotune-dump): each compile loads "
+                      "its model's, and Triton GEMMs are left to them")
   parser.add_argument("--worker")
   args = parser.parse_args()
   if args.worker:
@@ -177,7 +195,7 @@ def main() -> int:
           "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
           "versions": versions(), "host": platform.node(), "machine": platform.machine(),
           "cpus": os.cpu_count(), "target": "h100",
-          "compiler_options": {**dict(GPU_AOT_OPTIONS), **NO_XLA_REMAT},
+          "compiler_options": options_for("MODEL", args.autotune),
           "recorded": {"file": os.path.relpath(args.recorded, ROOT), "dumps": args.dumps,
                        **{k: recorded["meta"].get(k) for k in ("date", "versions", "device")}}}
   rows, not_run = [], []
@@ -189,7 +207,7 @@ def main() -> int:
     if not mine or left < 30:
       not_run.append(name if mine else f"{name} (no recorded rows)")
       continue
-    spec = {"model": name,
+    spec = {"model": name, "options": options_for(name, args.autotune),
             "plans": [(r["strategy"], r["checkpoints"]) for r in mine]}
     result = run_model(spec, timeout=left)
     if isinstance(result, dict):

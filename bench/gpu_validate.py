@@ -179,7 +179,13 @@ def compile_only(spec: dict) -> list:
   return rows
 
 
-def run_one(spec: dict, timeout: float, autotune_cache: str | None = None) -> dict:
+def safe_name(model: str) -> str:
+  """A model's name as a file name (letters, digits, '.', '_' and '-')."""
+  return "".join(c if c.isalnum() or c in "._-" else "_" for c in model)
+
+
+def run_one(spec: dict, timeout: float, autotune_cache: str | None = None,
+            autotune_dump: str | None = None) -> dict:
   # Autotuning allocates scratch memory while compiling, which would set the allocator's
   # peak for every strategy alike. A warm-up process per model fills an on-disk autotune
   # cache; the measured processes read it, so their peak_bytes_in_use is the step's.
@@ -187,6 +193,8 @@ def run_one(spec: dict, timeout: float, autotune_cache: str | None = None) -> di
   flags = os.environ.get("XLA_FLAGS", "")
   if autotune_cache:
     flags += f" --xla_gpu_per_fusion_autotune_cache_dir={autotune_cache}"
+  if autotune_dump:  # every autotune result of this process, for deviceless compiles to load
+    flags += f" --xla_gpu_dump_autotune_results_to={autotune_dump}"
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=ROOT, XLA_FLAGS=flags.strip())
   try:
     proc = subprocess.run(
@@ -240,6 +248,8 @@ def main() -> int:
   parser.add_argument("--compile-only", action="store_true",
                       help="XLA compiled footprints only: one process per model, nothing run")
   parser.add_argument("--dump", help="with --compile-only: write XLA's dumps under this directory")
+  parser.add_argument("--autotune-dump", help="with --compile-only: write XLA's autotune results "
+                      "of each model to DIR/<model>.textproto (bench/gpu_aot.py --autotune DIR)")
   args = parser.parse_args()
   if args.worker:
     spec = json.loads(args.worker)
@@ -273,7 +283,11 @@ def main() -> int:
       spec = {"model": name, "compile_only": True, "calibrate": args.calibrate}
       if args.dump:
         spec["dump"] = os.path.join(os.path.abspath(args.dump), name)
-      rows = run_one(spec, timeout=min(left, 300))
+      dump = None
+      if args.autotune_dump:
+        os.makedirs(args.autotune_dump, exist_ok=True)
+        dump = os.path.join(os.path.abspath(args.autotune_dump), f"{safe_name(name)}.textproto")
+      rows = run_one(spec, timeout=min(left, 300), autotune_dump=dump)
       rows = rows if isinstance(rows, list) else [rows]
       results += [{"model": name, **row} for row in rows]
       print(json.dumps(results[-len(rows):])[:3000], flush=True)

@@ -130,7 +130,8 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
         _products(layers[i], _QKV)))
     fixed_plans["save-attention-dots"] = per_layer(n, lambda i: names_or_recompute(
         _products(layers[i], inside="attention")))
-  if target:
+  on_gpu = bool(target) or jax.default_backend() == "gpu"
+  if on_gpu:
     fixed_plans["offload"] = per_layer(n, lambda i: Option(
         NAMES, offloaded=_products(layers[i])) if _products(layers[i]) else Option(RECOMPUTE))
   base_bytes = measured("no remat", model.apply)
@@ -159,11 +160,14 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
           "timed_by_fit": [list(t) for t in fitted.timed]}
     except jaxremat.InfeasibleBudgetError as err:
       row["strategies"]["fit"] = {"infeasible": str(err)}
-    if target:  # XLA's auto-remat, told the device has exactly the budget
-      limited = auto_remat_target(target, budget)
-      footprint = jaxremat.measure(training_loss(model.apply, apply_kwargs), params, x,
-                                   target=limited).total_bytes
-      row["strategies"]["xla auto-remat"] = {"bytes": footprint, "predicted_s": float("nan")}
+    if on_gpu:  # XLA's auto-remat, told the device has exactly the budget (deviceless)
+      limited = auto_remat_target(target or "h100", budget)
+      try:
+        footprint = jaxremat.measure(training_loss(model.apply, apply_kwargs), params, x,
+                                     target=limited).total_bytes
+        row["strategies"]["xla auto-remat"] = {"bytes": footprint, "predicted_s": float("nan")}
+      except jaxremat.TargetUnavailableError as err:  # a GPU machine whose JAX runs on CUDA
+        row["strategies"]["xla auto-remat"] = {"infeasible": f"not compiled: {err}"}
     try:
       r = jaxremat.apply(model.apply, params, x, budget_bytes=budget, target=target,
                          **apply_kwargs)

@@ -5,7 +5,6 @@ The plugin tests need ``pip install "jaxremat[cuda12-aot]"`` and, on a machine w
 GPU, ``JAX_PLATFORMS=cpu`` set before JAX starts; they skip with the reason otherwise.
 """
 
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -31,15 +30,8 @@ device_description_str: "My GPU"
 """
 
 
-def _plugin_installed() -> bool:
-  try:
-    return all(importlib.util.find_spec(m) is not None for m in targets.PLUGIN_MODULES)
-  except ModuleNotFoundError:
-    return False
-
-
 needs_plugin = pytest.mark.skipif(
-    not _plugin_installed(), reason='needs JAX\'s CUDA plugin: pip install "jaxremat[cuda12-aot]"')
+    not targets.plugin_installed(), reason='needs JAX\'s CUDA plugin: pip install "jaxremat[cuda12-aot]"')
 
 
 @pytest.mark.parametrize("name", ["h100", "H100", "a100"])
@@ -76,7 +68,7 @@ def test_bad_targets(spec, match):
 
 
 def test_missing_plugin_says_what_to_install(monkeypatch):
-  monkeypatch.setattr(targets, "PLUGIN_MODULES", ("jaxremat_no_such_plugin.xla",))
+  monkeypatch.setattr(targets, "PLUGIN_MODULES", {12: ("jaxremat_no_such_plugin.xla",)})
   with pytest.raises(TargetUnavailableError) as info:
     targets.target_device(targets.get_target("h100"))
   message = str(info.value)

@@ -33,8 +33,10 @@ GPU_AOT_OPTIONS: tuple[tuple[str, str | bool], ...] = (("xla_gpu_enable_triton_g
 #: Built-in target name -> its config file under ``target_configs/``.
 BUILTIN = {"h100": "h100.txtpb", "a100": "a100.txtpb"}
 
-#: The modules of the CUDA plugin's two packages (jax-cuda12-pjrt, jax-cuda12-plugin).
-PLUGIN_MODULES = ("jax_plugins.xla_cuda12", "jax_cuda12_plugin")
+#: The modules of the CUDA plugin's two packages (jax-cudaNN-pjrt, jax-cudaNN-plugin), per
+#: CUDA major version; either set serves (jax's CUDA 13 wheels on a GPU machine, say).
+PLUGIN_MODULES = {12: ("jax_plugins.xla_cuda12", "jax_cuda12_plugin"),
+                  13: ("jax_plugins.xla_cuda13", "jax_cuda13_plugin")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +119,8 @@ def target_device(target: Target) -> jax.Device:
     TargetUnavailableError: the CUDA plugin is not installed, or it did not register
       (on a machine without a GPU: JAX was started without ``JAX_PLATFORMS=cpu``).
   """
-  missing = [m for m in PLUGIN_MODULES if not _installed(m)]
-  if missing:
+  if not plugin_installed():
+    missing = [m for m in PLUGIN_MODULES[12] if not _installed(m)]
     raise TargetUnavailableError(
         f"Compiling for the {target.name} target needs JAX's CUDA plugin, which is not "
         f"installed (no module {', '.join(missing)}). {_install_hint()} On a machine "
@@ -139,6 +141,11 @@ def target_device(target: Target) -> jax.Device:
         f"JAX_PLATFORMS=cpu (or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1) in the environment before "
         f"JAX starts, e.g. `JAX_PLATFORMS=cpu python train.py`, or call "
         f"jax.config.update('jax_platforms', 'cpu') before the first JAX computation.") from e
+
+
+def plugin_installed() -> bool:
+  """Whether all modules of one CUDA plugin (of any CUDA major version) are installed."""
+  return any(all(_installed(m) for m in modules) for modules in PLUGIN_MODULES.values())
 
 
 def _installed(module: str) -> bool:
