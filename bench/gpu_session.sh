@@ -4,7 +4,7 @@
 #   bash bench/gpu_session.sh OUTDIR SECONDS STAGE...
 #
 # Stages (each writes under OUTDIR, so what finished survives a later stage cut off):
-#   env                 nvidia-smi, versions, cores            -> env.txt
+#   env                 nvidia-smi, versions, cores, the measured roofline -> env.txt
 #   smoke               bench/policies.py on one small model    (stops the session if it fails)
 #   policies:M1,M2,...  bench/policies.py per model on the GPU  -> policies/<model>.json
 #   autotune            gpu_validate.py --compile-only with XLA dumps and autotune results
@@ -29,6 +29,7 @@ for stage in "$@"; do
       { date -u; nvidia-smi; nproc
         python3 -c "import jax, flax, optax, chex; print(jax.__version__, flax.__version__, optax.__version__, chex.__version__, jax.devices())"
         python3 -m pip list 2>/dev/null | grep -iE "^(jax|jaxlib|jax-cuda|flax|optax|chex|numpy)"
+        python3 -c "from jaxremat._backends.roofline import local_roofline; print(local_roofline())"
       } > "$out/env.txt" 2>&1 ;;
     smoke)
       if ! timeout "$(left)" python3 bench/policies.py --models mlp-uneven --rounds 1 \

@@ -160,14 +160,11 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
           "timed_by_fit": [list(t) for t in fitted.timed]}
     except jaxremat.InfeasibleBudgetError as err:
       row["strategies"]["fit"] = {"infeasible": str(err)}
-    if on_gpu:  # XLA's auto-remat, told the device has exactly the budget (deviceless)
-      limited = auto_remat_target(target or "h100", budget)
-      try:
-        footprint = jaxremat.measure(training_loss(model.apply, apply_kwargs), params, x,
-                                     target=limited).total_bytes
-        row["strategies"]["xla auto-remat"] = {"bytes": footprint, "predicted_s": float("nan")}
-      except jaxremat.TargetUnavailableError as err:  # a GPU machine whose JAX runs on CUDA
-        row["strategies"]["xla auto-remat"] = {"infeasible": f"not compiled: {err}"}
+    if target:  # XLA's auto-remat, told the device has exactly the budget (deviceless)
+      limited = auto_remat_target(target, budget)
+      footprint = jaxremat.measure(training_loss(model.apply, apply_kwargs), params, x,
+                                   target=limited).total_bytes
+      row["strategies"]["xla auto-remat"] = {"bytes": footprint, "predicted_s": float("nan")}
     try:
       r = jaxremat.apply(model.apply, params, x, budget_bytes=budget, target=target,
                          **apply_kwargs)

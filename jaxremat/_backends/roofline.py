@@ -48,12 +48,15 @@ class Roofline:
     return 2 * num_bytes / self.host_bytes_per_second * (1 - self.host_overlap)
 
 
+#: Share of offload traffic assumed hidden behind compute (GPU targets and a local GPU).
+HOST_OVERLAP = 0.5
+
 #: Data-sheet figures: dense TF32 matrix FLOP/s (XLA's default for f32 dots on these GPUs),
 #: HBM bandwidth, PCIe (Gen5 x16 on H100 SXM, Gen4 x16 on A100) at about 80% of its peak;
 #: half the offload traffic assumed hidden behind compute.
 GPU_ROOFLINES: Mapping[str, Roofline] = {
-    "h100": Roofline("h100", 494.7e12, 3.35e12, 50e9, 0.5),
-    "a100": Roofline("a100", 156e12, 2.039e12, 25e9, 0.5),
+    "h100": Roofline("h100", 494.7e12, 3.35e12, 50e9, HOST_OVERLAP),
+    "a100": Roofline("a100", 156e12, 2.039e12, 25e9, HOST_OVERLAP),
 }
 
 
@@ -71,7 +74,8 @@ def cost(fn: Callable[..., Any], *args: Any) -> tuple[float, float]:
 @functools.cache
 def local_roofline() -> Roofline:
   """The local backend's rates, measured: the best of 5 runs of a 1024^3 f32 product
-  (FLOP/s) and of a 64 MiB f32 copy-with-add (bytes/s)."""
+  (FLOP/s), of a 64 MiB f32 copy-with-add (bytes/s) and, on a GPU, of that array's copy
+  to pinned host memory (the offload link, bytes/s)."""
   a = jnp.ones((1024, 1024), jnp.float32)
   v = jnp.ones((16 * 2**20,), jnp.float32)
   matmul = jax.jit(lambda x: x @ x)
@@ -80,7 +84,11 @@ def local_roofline() -> Roofline:
   stream_s, = best_step_seconds([stream], (v,), rounds=1, runs=5)
   flops = 2 * 1024**3 / matmul_s
   bandwidth = 2 * v.nbytes / stream_s
-  return Roofline(jax.default_backend(), flops, bandwidth)
+  if jax.default_backend() != "gpu":
+    return Roofline(jax.default_backend(), flops, bandwidth)
+  to_host = jax.jit(lambda x: x, out_shardings=v.sharding.with_memory_kind("pinned_host"))
+  host_s, = best_step_seconds([to_host], (v,), rounds=1, runs=5)
+  return Roofline(jax.default_backend(), flops, bandwidth, v.nbytes / host_s, HOST_OVERLAP)
 
 
 def roofline_for(target: str | None) -> Roofline:
