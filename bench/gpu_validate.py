@@ -149,9 +149,10 @@ def compile_only(spec: dict) -> list:
     if spec.get("dump") and name:  # XLA's buffer assignment of this step, for offline reading
       options = {**options, "xla_dump_to": os.path.join(spec["dump"], name)}
     mem = jax.jit(jax.grad(loss_of(fn))).lower(params, x).compile(compiler_options=options).memory_analysis()
-    if "xla_dump_to" in options:  # keep the optimised HLO, buffer assignment and usage report
-      for f in os.listdir(options["xla_dump_to"]):
-        if "after_optimizations" not in f or not f.endswith(".txt"):
+    if "xla_dump_to" in options:  # keep the optimised HLO, buffer assignment and usage report,
+      for f in os.listdir(options["xla_dump_to"]):  # and the device's own target config
+        if not ("after_optimizations" in f and f.endswith(".txt")
+                or f.endswith("gpu_target_config.pbtxt")):
           os.remove(os.path.join(options["xla_dump_to"], f))
     return mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
 
