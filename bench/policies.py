@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
 import os
 import re
 import sys
@@ -259,7 +261,43 @@ def summary(rows: list[dict]) -> str:
     if noise:
       lines.append(f"- the same step compiled and timed twice differs by {noise[len(noise) // 2]:.1%} "
                    f"(median), {noise[-1]:.1%} at most")
+  lines.append(time_model_error(rows))
   return "\n".join(lines)
+
+
+def time_model_error(rows: list[dict]) -> str:
+  """The time model against the measured step times: each timed program's predicted step
+  (the no-remat step as measured plus the predicted recompute and offload time) over its
+  measured step, less one; each distinct program once."""
+  errors = {}
+  for row in rows:
+    base = row.get("no_remat_step_s")
+    for key, s in row["strategies"].items():
+      predicted, step = s.get("predicted_s"), s.get("step_s")
+      if base and step and predicted is not None and math.isfinite(predicted):
+        errors[(row["model"], key, s["bytes"], step)] = (base + predicted) / step - 1
+  if not errors:
+    return "- time model: no timed programs"
+  values = sorted(abs(e) for e in errors.values())
+  under = sum(e < 0 for e in errors.values())
+  return (f"- time model (no-remat step + predicted recompute) against {len(values)} measured "
+          f"steps: mean |error| {sum(values) / len(values):.1%}, median {values[len(values) // 2]:.1%}, "
+          f"worst {values[-1]:.1%}; {under} predicted faster than measured")
+
+
+def merge(paths: list[str], out: str) -> None:
+  """One table from per-model runs (a GPU session runs each model in its own process)."""
+  rows, metas = [], []
+  for path in paths:
+    with open(path) as f:
+      found = json.load(f)
+    rows += found["rows"]
+    metas.append(found["meta"])
+  table = markdown(rows) + "\n\n" + summary(rows)
+  meta = {**metas[0], "command": "; ".join(m["command"] for m in metas),
+          "seconds": round(sum(m["seconds"] for m in metas), 1)}
+  print(table)
+  write_result(out, meta, rows, table)
 
 
 def models(names: list[str] | None) -> list[tuple[str, Any, Any, Any, dict]]:
@@ -283,7 +321,12 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--rounds", type=int, default=5,
                       help="rounds of timing, every program 3 runs a round (the least kept)")
   parser.add_argument("--out", default="bench/results/policies-cpu/policies.json")
+  parser.add_argument("--merge", nargs="+", metavar="JSON",
+                      help="write one table of these runs' rows to --out, nothing run")
   args = parser.parse_args(argv)
+  if args.merge:
+    merge(args.merge, args.out)
+    return
   start = time.perf_counter()
   rows = []
   for name, model, x, params, kwargs in models(args.models.split(",") if args.models else None):
