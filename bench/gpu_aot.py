@@ -202,7 +202,7 @@ def main() -> int:
   for name in models(quick=False):
     if args.only and name not in args.only.split(","):
       continue
-    mine = [r for r in recorded["results"] if r["model"] == name and r["strategy"] in STRATEGIES]
+    mine = [r for r in recorded["results"] if r["model"] == name and r.get("strategy") in STRATEGIES]
     left = args.budget_seconds - (time.time() - start)
     if not mine or left < 30:
       not_run.append(name if mine else f"{name} (no recorded rows)")

@@ -67,6 +67,15 @@ def test_bad_targets(spec, match):
     targets.get_target(spec)
 
 
+def test_either_cuda_plugin_serves(monkeypatch):
+  monkeypatch.setattr(targets, "PLUGIN_MODULES", {12: ("jaxremat_no_such_plugin.xla",),
+                                                  13: ("json", "jax")})
+  assert targets.plugin_installed()
+  monkeypatch.setattr(targets, "PLUGIN_MODULES", {12: ("jaxremat_no_such_plugin.xla",),
+                                                  13: ("json", "jaxremat_no_such_plugin.b")})
+  assert not targets.plugin_installed()
+
+
 def test_missing_plugin_says_what_to_install(monkeypatch):
   monkeypatch.setattr(targets, "PLUGIN_MODULES", {12: ("jaxremat_no_such_plugin.xla",)})
   with pytest.raises(TargetUnavailableError) as info:
