@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 import jaxremat
 from jaxremat._api.dropin import DropIn, input_key
@@ -266,23 +267,43 @@ def summary(rows: list[dict]) -> str:
 
 
 def time_model_error(rows: list[dict]) -> str:
-  """The time model against the measured step times: each timed program's predicted step
-  (the no-remat step as measured plus the predicted recompute and offload time) over its
-  measured step, less one; each distinct program once."""
-  errors = {}
+  """The time model against the measured step times, each distinct timed program once:
+  its predicted step (the no-remat step as measured plus the predicted recompute and
+  offload time) over its measured step, less one; beside it the plain step alone, and
+  ``plain + a * recompute + b * (footprint - no-remat footprint)`` with ``a, b`` fitted by
+  least squares on the other models (leave one model out)."""
+  points = {}
   for row in rows:
     base = row.get("no_remat_step_s")
     for key, s in row["strategies"].items():
       predicted, step = s.get("predicted_s"), s.get("step_s")
       if base and step and predicted is not None and math.isfinite(predicted):
-        errors[(row["model"], key, s["bytes"], step)] = (base + predicted) / step - 1
-  if not errors:
+        points[(row["model"], key, s["bytes"], step)] = (
+            row["model"], base, predicted, (s["bytes"] - row["no_remat_bytes"]) / 2**20, step)
+  if not points:
     return "- time model: no timed programs"
-  values = sorted(abs(e) for e in errors.values())
-  under = sum(e < 0 for e in errors.values())
-  return (f"- time model (no-remat step + predicted recompute) against {len(values)} measured "
-          f"steps: mean |error| {sum(values) / len(values):.1%}, median {values[len(values) // 2]:.1%}, "
-          f"worst {values[-1]:.1%}; {under} predicted faster than measured")
+  data = list(points.values())
+  fitted = []
+  for model in sorted({p[0] for p in data}):
+    train = [p for p in data if p[0] != model]
+    if not train:
+      continue
+    (a, b), *_ = np.linalg.lstsq(np.array([[p[2], p[3]] for p in train]),
+                                 np.array([p[4] - p[1] for p in train]), rcond=None)
+    fitted += [(base + a * rec + b * mib) / step - 1
+               for m, base, rec, mib, step in data if m == model]
+
+  def stats(errors: list[float]) -> str:
+    values = sorted(abs(e) for e in errors)
+    return f"mean |error| {sum(values) / len(values):.1%}, median {values[len(values) // 2]:.1%}"
+
+  lines = [f"- time model against {len(data)} measured steps: no-remat step + predicted "
+           f"recompute {stats([(b + r) / t - 1 for _, b, r, _, t in data])}; the no-remat "
+           f"step alone {stats([b / t - 1 for _, b, _, _, t in data])}"]
+  if fitted:
+    lines.append(f"- fitted on the other models, no-remat step + a * recompute + b * footprint "
+                 f"change (MiB): {stats(fitted)}")
+  return "\n".join(lines)
 
 
 def merge(paths: list[str], out: str) -> None:
