@@ -19,10 +19,11 @@ slow spells fall on all alike). Strategies:
   ``query``, ``key``, ``value`` or ``qkv`` and recomputes the rest;
 * ``save-attention-dots`` (MaxText-style "save the dots except the MLP's"): every layer
   keeps the outputs of its products inside an attention module;
-* ``offload`` (GPU targets): every layer offloads its products' outputs to host memory.
+* ``offload`` (a GPU target or a local GPU): every layer offloads its products' outputs
+  to host memory.
 
-* ``xla auto-remat`` (GPU targets): the plain model compiled for the target told it has
-  exactly the budget of device memory (``xla_gpu_memory_limit_slop_factor=100``), so XLA's
+* ``xla auto-remat`` (deviceless GPU targets): the plain model compiled for the target
+  told it has exactly the budget of device memory (``xla_gpu_memory_limit_slop_factor=100``), so XLA's
   own rematerialisation aims at the budget; its time is not predicted. On CPU: n/a.
 A strategy fits a budget when XLA's footprint is at most the budget.
 """

@@ -136,8 +136,8 @@ def fit(
   Each layer keeps its residuals, recomputes them, keeps only its matrix products'
   outputs (jax's ``dots_saveable`` or ``dots_with_no_batch_dims_saveable``), keeps only
   its costliest products' outputs (named automatically with ``checkpoint_name``), or on
-  a GPU target offloads them to host memory; runs of layers may be recomputed whole. A
-  DP over the chain picks the options of least predicted time (XLA's cost analysis
+  a GPU (a target, or the local device) offloads them to host memory; runs of layers may
+  be recomputed whole. A DP over the chain picks the options of least predicted time (XLA's cost analysis
   through the target's roofline) whose predicted footprint fits. The bytes are scaled
   once so that keeping every residual predicts the no-remat footprint.
 

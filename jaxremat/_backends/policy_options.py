@@ -2,7 +2,7 @@
 
 For each layer the candidates are: keep every residual; recompute them all from the
 layer's input; keep the outputs of its matrix products (``dots``, ``dots-no-batch``);
-keep (or, on a GPU target, offload to host memory) the outputs of its costliest products
+keep (or, on a GPU, offload to host memory) the outputs of its costliest products
 only, chosen by recompute FLOPs per byte (a knapsack frontier: prefixes of that order).
 Several consecutive layers may also be recomputed as one group (model R's segments).
 
@@ -50,7 +50,8 @@ def group_costs(costs: OptionCosts, offload: bool = False) -> list[GroupCost]:
 
   Args:
     costs: the chain's ``OptionCosts``.
-    offload: offer offload options (a backend with host memory: GPU targets).
+    offload: offer offload options (a backend with host memory: a GPU target or a
+      local GPU).
   """
   traced = costs.traced
   n = len(traced.layers)
