@@ -137,9 +137,10 @@ def fit(
   outputs (jax's ``dots_saveable`` or ``dots_with_no_batch_dims_saveable``), keeps only
   its costliest products' outputs (named automatically with ``checkpoint_name``), or on
   a GPU (a target, or the local device) offloads them to host memory; runs of layers may
-  be recomputed whole. A DP over the chain picks the options of least predicted time (XLA's cost analysis
-  through the target's roofline) whose predicted footprint fits. The bytes are scaled
-  once so that keeping every residual predicts the no-remat footprint.
+  be recomputed whole. A DP over the chain picks the options of least predicted time
+  (XLA's cost analysis through the target's roofline) whose predicted footprint fits.
+  The bytes are scaled once so that keeping every residual predicts the no-remat
+  footprint.
 
   Args:
     model_fn, params, batch, layer_depth, target, **model_kwargs: as for ``apply``.
