@@ -98,11 +98,11 @@ def worker(spec: dict) -> list:
 
 
 def options_for(model: str, autotune: str | None) -> dict:
-  """XLA options of a model's deviceless compiles: remat off; without autotune results,
-  Triton GEMMs off (the target's default); with them, the model's results loaded."""
-  if not autotune:
+  """XLA options of a model's deviceless compiles: remat off; without autotune results
+  for the model, Triton GEMMs off (the target's default); with them, those loaded."""
+  path = os.path.join(os.path.abspath(autotune or ""), f"{safe_name(model)}.textproto")
+  if not autotune or not os.path.exists(path):
     return {**dict(GPU_AOT_OPTIONS), **NO_XLA_REMAT}
-  path = os.path.join(os.path.abspath(autotune), f"{safe_name(model)}.textproto")
   return {**NO_XLA_REMAT, "xla_gpu_enable_triton_gemm": True,
           "xla_gpu_load_autotune_results_from": path}
 
@@ -195,14 +195,16 @@ def main() -> int:
           "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
           "versions": versions(), "host": platform.node(), "machine": platform.machine(),
           "cpus": os.cpu_count(), "target": "h100",
-          "compiler_options": options_for("MODEL", args.autotune),
+          "compiler_options": {**NO_XLA_REMAT, **({"autotune_results": args.autotune}
+                                                  if args.autotune else dict(GPU_AOT_OPTIONS))},
           "recorded": {"file": os.path.relpath(args.recorded, ROOT), "dumps": args.dumps,
                        **{k: recorded["meta"].get(k) for k in ("date", "versions", "device")}}}
   rows, not_run = [], []
   for name in models(quick=False):
     if args.only and name not in args.only.split(","):
       continue
-    mine = [r for r in recorded["results"] if r["model"] == name and r.get("strategy") in STRATEGIES]
+    mine = [r for r in recorded["results"]
+            if r["model"] == name and r.get("strategy") in STRATEGIES]
     left = args.budget_seconds - (time.time() - start)
     if not mine or left < 30:
       not_run.append(name if mine else f"{name} (no recorded rows)")

@@ -22,14 +22,17 @@ left() { echo $(( deadline - $(date +%s) )); }
 name() { echo "$1" | tr -c 'A-Za-z0-9._\n-' '_'; }
 
 for stage in "$@"; do
-  [ "$(left)" -gt 20 ] || { echo "no time left for $stage" | tee -a "$out/skipped.txt"; continue; }
+  [ "$(left)" -gt 20 ] || {
+    echo "no time left for $stage" | tee -a "$out/skipped.txt"; continue; }
   echo "== $stage ($(left) s left)"
   case $stage in
     env)
       { date -u; nvidia-smi; nproc
-        python3 -c "import jax, flax, optax, chex; print(jax.__version__, flax.__version__, optax.__version__, chex.__version__, jax.devices())"
+        python3 -c "import jax, flax, optax, chex; print(jax.__version__, flax.__version__,
+          optax.__version__, chex.__version__, jax.devices())"
         python3 -m pip list 2>/dev/null | grep -iE "^(jax|jaxlib|jax-cuda|flax|optax|chex|numpy)"
-        python3 -c "from jaxremat._backends.roofline import local_roofline; print(local_roofline())"
+        python3 -c "from jaxremat._backends.roofline import local_roofline
+print(local_roofline())"
       } > "$out/env.txt" 2>&1 ;;
     smoke)
       if ! timeout "$(left)" python3 bench/policies.py --models mlp-uneven --rounds 1 \
@@ -39,7 +42,8 @@ for stage in "$@"; do
     policies:*)
       IFS=, read -ra models <<< "${stage#policies:}"
       for m in "${models[@]}"; do
-        [ "$(left)" -gt 30 ] || { echo "policies $m: no time left" >> "$out/skipped.txt"; continue; }
+        [ "$(left)" -gt 30 ] || {
+          echo "policies $m: no time left" >> "$out/skipped.txt"; continue; }
         timeout "$(left)" python3 bench/policies.py --models "$m" --rounds 3 \
           --out "$out/policies/$(name "$m").json" > "$out/policies-$(name "$m").log" 2>&1
         echo "policies $m: rc $? ($(left) s left)"
@@ -51,6 +55,7 @@ for stage in "$@"; do
       echo "autotune: rc $?" ;;
     aot)
       for mode in plain autotune; do
+        [ "$(left)" -gt 40 ] || { echo "aot $mode: no time left" >> "$out/skipped.txt"; continue; }
         extra=(); [ $mode = autotune ] && extra=(--autotune "$out/autotune")
         timeout "$(left)" python3 bench/gpu_aot.py "$out/aot-$mode" \
           --recorded "$out/compile/gpu_validation.json" --dumps "$out/dumps" "${extra[@]}" \

@@ -23,8 +23,9 @@ slow spells fall on all alike). Strategies:
   to host memory.
 
 * ``xla auto-remat`` (deviceless GPU targets): the plain model compiled for the target
-  told it has exactly the budget of device memory (``xla_gpu_memory_limit_slop_factor=100``), so XLA's
-  own rematerialisation aims at the budget; its time is not predicted. On CPU: n/a.
+  told it has exactly the budget of device memory
+  (``xla_gpu_memory_limit_slop_factor=100``), so XLA's own rematerialisation aims at the
+  budget; its time is not predicted. On CPU: n/a.
 A strategy fits a budget when XLA's footprint is at most the budget.
 """
 
@@ -268,11 +269,12 @@ def summary(rows: list[dict]) -> str:
 
 
 def time_model_error(rows: list[dict]) -> str:
-  """The time model against the measured step times, each distinct timed program once:
-  its predicted step (the no-remat step as measured plus the predicted recompute and
-  offload time) over its measured step, less one; beside it the plain step alone, and
-  ``plain + a * recompute + b * (footprint - no-remat footprint)`` with ``a, b`` fitted by
-  least squares on the other models (leave one model out)."""
+  """The time model against the measured step times, each timed strategy of a model once
+  (the same strategy at several budgets is one program): its predicted step (the no-remat
+  step as measured plus the predicted recompute and offload time) over its measured step,
+  less one; beside it the plain step alone, and ``plain + a * recompute + b * (footprint
+  - no-remat footprint)`` with ``a, b`` fitted by least squares on the other models
+  (leave one model out)."""
   points = {}
   for row in rows:
     base = row.get("no_remat_step_s")
@@ -298,9 +300,10 @@ def time_model_error(rows: list[dict]) -> str:
     values = sorted(abs(e) for e in errors)
     return f"mean |error| {sum(values) / len(values):.1%}, median {values[len(values) // 2]:.1%}"
 
+  modelled = stats([(b + r) / t - 1 for _, b, r, _, t in data])
   lines = [f"- time model against {len(data)} measured steps: no-remat step + predicted "
-           f"recompute {stats([(b + r) / t - 1 for _, b, r, _, t in data])}; the no-remat "
-           f"step alone {stats([b / t - 1 for _, b, _, _, t in data])}"]
+           f"recompute and offload {modelled}; the no-remat step alone "
+           f"{stats([b / t - 1 for _, b, _, _, t in data])}"]
   if fitted:
     lines.append(f"- fitted on the other models, no-remat step + a * recompute + b * footprint "
                  f"change (MiB): {stats(fitted)}")

@@ -5,7 +5,6 @@ The plugin tests need ``pip install "jaxremat[cuda12-aot]"`` and, on a machine w
 GPU, ``JAX_PLATFORMS=cpu`` set before JAX starts; they skip with the reason otherwise.
 """
 
-
 import jax
 import jax.numpy as jnp
 import jaxlib
@@ -31,7 +30,8 @@ device_description_str: "My GPU"
 
 
 needs_plugin = pytest.mark.skipif(
-    not targets.plugin_installed(), reason='needs JAX\'s CUDA plugin: pip install "jaxremat[cuda12-aot]"')
+    not targets.plugin_installed(),
+    reason='needs JAX\'s CUDA plugin: pip install "jaxremat[cuda12-aot]"')
 
 
 @pytest.mark.parametrize("name", ["h100", "H100", "a100"])

@@ -196,8 +196,8 @@ def fit(
     chain = planner.chain
     assert isinstance(chain, Chain)  # a graph was rejected above
     options = OptionCosts(traced, chain, roofline_for(resolved.name if resolved else None))
-    host_memory = resolved is not None or jax.default_backend() == "gpu"
-    costs = group_costs(options, offload=host_memory)
+    offload = resolved is not None or jax.default_backend() == "gpu"  # host memory
+    costs = group_costs(options, offload=offload)
   fixed, n = planner.fixed_bytes, chain.n
   final = chain.act_bytes[n] + chain.cot_bytes[n]
   no_remat = measured(Plan()) if verify else planner.total_bytes(Plan())
