@@ -56,3 +56,29 @@ def test_a_miss_of_the_dp_plan_that_is_also_the_layer_plan_moves_both_on():
   search.failed(first, excess_bytes=5)  # XLA: 5 bytes over
   # Model R finds nothing for the lowered budget; its first fallback was compiled already.
   assert search.next() == _groups((2,))
+
+
+class _CreepingPlanner(_Planner):
+  """Model R's budget plan moves a little at every lower budget (the layer plan that XLA
+  keeps finding 0.2 MiB over on VGG-16 for the H100), and fits by its own estimate."""
+
+  def solve_budget(self, budget: int) -> Plan:
+    return Plan((1,)) if budget >= 100 else Plan((1, 2))
+
+  def total_bytes(self, plan: Plan) -> int:
+    return 100 if plan.checkpoints == (1,) else 99
+
+  def budget_fallbacks(self) -> list[Plan]:
+    return [Plan((2,))]
+
+
+def test_layer_plans_turn_to_the_fallbacks_after_repeated_misses():
+  from jaxremat._api.fit_search import LAYER_TIGHTENINGS
+
+  layer_plans = LayerPlans(_CreepingPlanner(), _Options(), budget=100, fallbacks=True)
+  seen = [layer_plans.current]
+  for _ in range(LAYER_TIGHTENINGS):
+    layer_plans.missed(1)
+    seen.append(layer_plans.current)
+  solved = [_groups((1,))] + [_groups((1, 2))] * (LAYER_TIGHTENINGS - 1)
+  assert seen == [*solved, _groups((2,))]

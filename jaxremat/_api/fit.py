@@ -24,6 +24,7 @@ from jaxremat._api.planner import fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._backends.measure import compile_step
 from jaxremat._backends.policy_options import OptionCosts, group_costs
+from jaxremat._backends.replay import Replay, compile_replay
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.step_time import best_step_seconds
 from jaxremat._backends.targets import Target, get_target
@@ -190,9 +191,15 @@ def fit(
       footprint, steps[plan] = compile_step(jax.grad(loss), params, batch)
       return footprint.total_bytes
 
-  with clock("profile"):
+  def replay(act_bytes: tuple[int, ...]) -> Replay:  # a GPU target's compiled profile
+    assert resolved is not None
+    return compile_replay(traced, training_loss(model_fn, model_kwargs), params, batch,
+                          act_bytes, resolved)
+
+  with clock("profile"):  # as apply: the layer-boundary plans predicted alike
     planner = make_planner(traced, (), params, batch, model_kwargs, False,
-                           "gpu" if resolved else None)
+                           "gpu" if resolved else None, replay if resolved else None,
+                           required=False)
     chain = planner.chain
     assert isinstance(chain, Chain)  # a graph was rejected above
     options = OptionCosts(traced, chain, roofline_for(resolved.name if resolved else None))

@@ -55,21 +55,29 @@ def alternatives(options: OptionCosts, points: list[tuple[int, float, tuple[Grou
   return kept
 
 
+#: Misses of the layer-boundary budget plan after which ``LayerPlans`` turns to the
+#: planner's fallback plans: fit shares its compiles with the DP's plans, and a budget
+#: plan solved again for XLA's excess can stay that far over it for several rounds.
+LAYER_TIGHTENINGS = 2
+
+
 class LayerPlans:
   """Layer-boundary plans as groups, as ``apply(budget_bytes=)`` tries them: model R's
   budget plan (solved for less while the backend's estimate of it exceeds the budget),
   solved again for a budget lowered by XLA's excess after each miss, then (once the
-  estimate finds none, and with ``fallbacks``: XLA will judge them) the planner's
-  fallback plans (``_fallbacks``)."""
+  estimate finds none or after ``LAYER_TIGHTENINGS`` misses, and with ``fallbacks``: XLA
+  will judge them) the planner's fallback plans (``_fallbacks``)."""
 
   def __init__(self, planner: Planner, options: OptionCosts, budget: int, fallbacks: bool):
     self.planner, self.options, self.budget = planner, options, budget
     self.fallbacks: list[Plan] | None = None if fallbacks else []
+    self.misses = 0
     self.current = self._next()
 
   def _next(self) -> tuple[GroupCost, ...] | None:
     plan, budget = None, self.budget
-    for _ in range(8):  # model R's budget plan, until the backend's estimate fits it too
+    rounds = 8 if self.misses < LAYER_TIGHTENINGS else 0  # then the fallbacks
+    for _ in range(rounds):  # model R's budget plan, until the backend's estimate fits it
       try:
         plan = self.planner.solve_budget(budget)
       except InfeasibleBudgetError:
@@ -110,6 +118,7 @@ class LayerPlans:
 
   def missed(self, excess_bytes: int) -> None:
     self.budget -= excess_bytes
+    self.misses += 1
     self.current = self._next()
 
 
