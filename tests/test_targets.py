@@ -204,3 +204,21 @@ def test_apply_plans_for_the_target_from_abstract_inputs():
   assert fixed < r.predict_total_bytes(jaxremat.Plan()) <= plain.total_bytes
   assert jaxremat.apply(model.apply, params, x, target="h100", profile="jaxpr",
                         verify=False).profile == "jaxpr"
+
+
+@needs_plugin
+def test_fit_for_the_target_fits_by_the_gpu_compiler():
+  """fit(target=) compiles for the GPU: the footprint it reports is the target's, within
+  the budget, and its plan's step compiled again for the target measures the same."""
+  model = zoo.mlp([256, 1024, 256, 1024, 10])
+  x = jax.ShapeDtypeStruct((512, 64), jnp.float32)
+  params = jax.eval_shape(model.init, jax.random.key(0), x)
+  plain = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(model.apply(p, b))), params, x,
+                           target="h100")
+  budget = plain.total_bytes - 1
+  fitted = jaxremat.fit(model.apply, params, x, budget, target="h100")
+  assert fitted.target == "h100"
+  loss = lambda p, b: jnp.mean(jnp.square(fitted.fn(p, b)))  # noqa: E731
+  measured = jaxremat.measure(loss, params, x, target="h100").total_bytes
+  assert measured <= budget
+  assert measured == fitted.compiled[-1]
