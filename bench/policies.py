@@ -135,8 +135,7 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
         _products(layers[i], _QKV)))
     fixed_plans["save-attention-dots"] = per_layer(n, lambda i: names_or_recompute(
         _products(layers[i], inside="attention")))
-  on_gpu = bool(target) or jax.default_backend() == "gpu"
-  if on_gpu:
+  if costs.roofline.host_bytes_per_second:  # a GPU target, or a local GPU
     fixed_plans["offload"] = per_layer(n, lambda i: Option(
         NAMES, offloaded=_products(layers[i])) if _products(layers[i]) else Option(RECOMPUTE))
   base_bytes = measured("no remat", model.apply)

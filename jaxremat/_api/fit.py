@@ -203,8 +203,7 @@ def fit(
     chain = planner.chain
     assert isinstance(chain, Chain)  # a graph was rejected above
     options = OptionCosts(traced, chain, roofline_for(resolved.name if resolved else None))
-    offload = resolved is not None or jax.default_backend() == "gpu"  # host memory
-    costs = group_costs(options, offload=offload)
+    costs = group_costs(options)
   fixed, n = planner.fixed_bytes, chain.n
   final = chain.act_bytes[n] + chain.cot_bytes[n]
   no_remat = measured(Plan()) if verify else planner.total_bytes(Plan())

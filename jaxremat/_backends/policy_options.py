@@ -45,14 +45,11 @@ NAME_OPTIONS = 3  # prefixes of the products' knapsack order offered per layer
 _PRODUCTS = ("dot_general", "conv_general_dilated")
 
 
-def group_costs(costs: OptionCosts, offload: bool = False) -> list[GroupCost]:
-  """Every candidate group of the chain with its bytes and seconds.
-
-  Args:
-    costs: the chain's ``OptionCosts``.
-    offload: offer offload options (a backend with host memory: a GPU target or a
-      local GPU).
-  """
+def group_costs(costs: OptionCosts) -> list[GroupCost]:
+  """Every candidate group of the chain with its bytes and seconds; offload options where
+  the roofline has a link to host memory (a GPU target, or a local GPU with pinned host
+  memory)."""
+  offload = costs.roofline.host_bytes_per_second > 0
   traced = costs.traced
   n = len(traced.layers)
   found = [costs.of(Group(i, i + 1, option)) for i in range(n)
