@@ -82,3 +82,46 @@ def test_layer_plans_turn_to_the_fallbacks_after_repeated_misses():
     seen.append(layer_plans.current)
   solved = [_groups((1,))] + [_groups((1, 2))] * (LAYER_TIGHTENINGS - 1)
   assert seen == [*solved, _groups((2,))]
+
+
+def test_after_a_fit_with_bytes_to_spare_a_faster_plan_is_offered_and_no_slower_one():
+  # Per layer: keep (2 bytes, 0 s) or recompute (1 byte, 1 s). Allowance 4 of the 6
+  # bytes that keeping all three layers peaks at: the DP recomputes two layers.
+  costs = [_Options().of(Group(i, i + 1, Option(kind))) for i in range(N)
+           for kind in (KEEP, RECOMPUTE)]
+  layer_plans = LayerPlans(_Planner(), _Options(), budget=100, fallbacks=True)
+  search = Search(costs, N, 0, allowed=4, scale=1.0, layer_plans=layer_plans,
+                   xla_judges=True)
+  first = search.next()
+  assert sum(c.seconds for c in first) == 1.0  # the layer plan: one layer recomputed
+  search.fitted(first, slack_bytes=0)
+  dp = search.next()
+  assert dp is None  # nothing faster fits the allowance: the DP's plans are slower
+  # Had XLA kept 2 bytes less than the DP's plan was predicted to need, its allowance
+  # grows by them: keeping everything (0 s) is offered, and nothing slower after it fits.
+  search = Search(costs, N, 0, allowed=4, scale=1.0,
+                   layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
+                   xla_judges=True)
+  search.layer_plans.current = None
+  dp = search.next()
+  assert [c.group.option.kind for c in dp].count(RECOMPUTE) == 2
+  search.fitted(dp, slack_bytes=2)
+  faster = search.next()
+  assert faster is not None and sum(c.seconds for c in faster) == 0.0
+  search.fitted(faster, slack_bytes=0)
+  assert search.next() is None
+
+
+def test_the_allowance_never_grows_back_to_one_that_missed():
+  costs = [_Options().of(Group(i, i + 1, Option(kind))) for i in range(N)
+           for kind in (KEEP, RECOMPUTE)]
+  search = Search(costs, N, 0, allowed=5, scale=1.0,
+                   layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
+                   xla_judges=True)
+  search.layer_plans.current = None
+  missed = search.next()  # recomputes one layer: peak 5
+  search.failed(missed, excess_bytes=1)
+  fits = search.next()  # allowance 4: two layers recomputed
+  assert sum(c.seconds for c in fits) == 2.0
+  search.fitted(fits, slack_bytes=10)  # lots to spare, but 5 missed: allowance stays 4
+  assert search.allowed == 4 and search.next() is None

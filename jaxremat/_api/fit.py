@@ -39,7 +39,7 @@ from jaxremat._model.chain import Chain, Plan
 from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, peak_bytes
 from jaxremat.solvers._policy import as_plan, policy_frontier
 
-MAX_FIT_COMPILES = 6  # the chosen plan, then up to 5 tightened or other ones (as verify)
+MAX_FIT_COMPILES = 6  # plans compiled to find the fastest predicted that fits (as verify)
 MAX_TIMED_ALTERNATIVES = 5  # plans compiled beside the chosen one to time them all
 TIMED_MARGIN = 0.1  # alternatives predicted up to 10% over the budget are compiled too
 
@@ -149,16 +149,19 @@ def fit(
       the activations (the no-remat footprint less the fixed bytes), on top of the fixed
       bytes; an int or a float above 1 is bytes.
     verify: compile the chosen plan and, while XLA's footprint exceeds the budget,
-      tighten the predicted budget by the excess and solve again (at most
-      ``MAX_FIT_COMPILES`` compiles in all, plus one of the plain step for a fractional
-      budget). ``False``: the prediction alone, nothing compiled.
+      tighten the predicted budget by the excess and solve again; once one fits, loosen
+      it by the bytes XLA left unused and compile plans predicted faster, returning the
+      fastest predicted that fits (at most ``MAX_FIT_COMPILES`` compiles in all, plus one
+      of the plain step for a fractional budget). ``False``: the prediction alone,
+      nothing compiled.
     time_steps: also compile up to ``MAX_TIMED_ALTERNATIVES`` other plans that are
       predicted to fit (every layer recomputed, every layer keeping its matrix products,
       the frontier's plans of least and middling footprint, the layer-boundary plan),
-      run every one that XLA fits on this machine and return the fastest measured (on a
-      CPU, whose step time grows with the footprint, that is often a smaller plan than
-      the one of least predicted recompute). Default: on for the local backend with
-      concrete ``params`` and ``batch`` and ``verify``.
+      run every one that XLA fits (and those that fitted while searching) on this
+      machine and return the fastest measured (on a CPU, whose step time grows with
+      the footprint, that is often a smaller plan than the one of least predicted
+      recompute). Default: on for the local backend with concrete ``params`` and
+      ``batch`` and ``verify``.
 
   Raises:
     InvalidBudgetError: ``memory_budget`` is not a positive number.
@@ -220,6 +223,7 @@ def fit(
     frontier = tuple((fixed + round(scale * b), s) for b, s, _ in points)
     search = Search(costs, n, final, allowed, scale,
                     LayerPlans(planner, options, budget, fallbacks=verify), verify)
+    fitting: list[tuple[tuple[GroupCost, ...], int]] = []  # in the order found, faster each
     for _ in range(MAX_FIT_COMPILES if verify else 1):
       groups = search.next()
       if groups is None or not verify:
@@ -228,9 +232,12 @@ def fit(
       got = measured(as_plan(groups))
       compiled.append(got)
       if got <= budget:
-        chosen, footprint = groups, got
-        break
-      search.failed(groups, got - budget)
+        fitting.append((groups, got))
+        search.fitted(groups, budget - got)
+      else:
+        search.failed(groups, got - budget)
+    if fitting:
+      chosen, footprint = fitting[-1]
   if chosen is None:
     if not compiled:
       raise _infeasible(budget, fixed + round(scale * search.least), "predicted")
@@ -239,6 +246,7 @@ def fit(
   if timed:
     assert footprint is not None
     candidates = [("least predicted recompute", chosen, footprint)]
+    candidates += [("fitted while searching", g, got) for g, got in fitting[-2::-1]]
     within = int((budget * (1 + TIMED_MARGIN) - fixed) / scale)  # in the groups' scale
     for what, groups in alternatives(options, points, search, chosen,
                                       within)[:MAX_TIMED_ALTERNATIVES]:

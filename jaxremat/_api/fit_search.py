@@ -127,7 +127,10 @@ class Search:
   ones, in the groups' own scale) and the layer-boundary plan, each solved again for less
   after XLA finds it over the budget; none twice. The two take turns after misses (the
   one that missed fewer times first), else the faster predicted goes first: a model that
-  XLA keeps surprising one way need not use up every compile."""
+  XLA keeps surprising one way need not use up every compile. Once a plan fits, only
+  plans predicted faster are offered, and the DP's allowance grows by the bytes XLA left
+  unused (short of any allowance that missed): a prediction that was high by that much
+  leaves a faster plan in the budget."""
 
   def __init__(self, costs: list[GroupCost], n: int, final: int, allowed: int, scale: float,
                layer_plans: LayerPlans, xla_judges: bool):
@@ -136,7 +139,9 @@ class Search:
     self.layer_plans = layer_plans
     self.tried: list[tuple[GroupCost, ...]] = []
     self.least = 0  # the least predicted peak, in the groups' scale, once the DP finds none
+    self.fastest: float | None = None  # predicted seconds of the fastest plan that fitted
     self._excess = 1
+    self._ceiling: int | None = None  # the least allowance whose DP plan missed
     self._misses = {"dp": 0, "layers": 0}
 
   def _solved(self) -> tuple[GroupCost, ...] | None:
@@ -148,6 +153,8 @@ class Search:
         return None
       if groups not in self.tried:
         return groups
+      if self.fastest is not None:  # less allowance would be no faster than what fitted
+        return None
       self.allowed -= self._excess  # tightened too little to change the plan
     return None
 
@@ -156,10 +163,19 @@ class Search:
     found = [(family, g) for family, g in (("dp", self._solved()),
                                            ("layers", self.layer_plans.current))
              if g is not None and g not in self.tried
-             and (self.xla_judges or peak_bytes(g, self.final) <= self.allowed)]
+             and (self.xla_judges or peak_bytes(g, self.final) <= self.allowed)
+             and (self.fastest is None or _seconds(g) < self.fastest)]
     if not found:
       return None
-    return min(found, key=lambda f: (self._misses[f[0]], sum(c.seconds for c in f[1])))[1]
+    return min(found, key=lambda f: (self._misses[f[0]], _seconds(f[1])))[1]
+
+  def fitted(self, groups: tuple[GroupCost, ...], slack_bytes: int) -> None:
+    """``groups`` compiled to ``slack_bytes`` under the budget."""
+    self.tried.append(groups)
+    self.fastest = min(_seconds(groups), self.fastest if self.fastest is not None else float("inf"))
+    if groups is not self.layer_plans.current:  # the DP's: ask for more, short of a miss
+      grown = self.allowed + int(slack_bytes / self.scale)
+      self.allowed = grown if self._ceiling is None else min(grown, self._ceiling - 1)
 
   def failed(self, groups: tuple[GroupCost, ...], excess_bytes: int) -> None:
     """``groups`` compiled to ``excess_bytes`` over the budget."""
@@ -170,5 +186,10 @@ class Search:
       self.layer_plans.missed(excess_bytes)
     if not from_layers:
       self._misses["dp"] += 1
+      self._ceiling = min(self.allowed, self._ceiling if self._ceiling is not None else self.allowed)
       self._excess = max(int(excess_bytes / self.scale), 1)
       self.allowed -= self._excess  # XLA needs this much more than predicted: ask for less
+
+
+def _seconds(groups: tuple[GroupCost, ...]) -> float:
+  return sum(c.seconds for c in groups)
