@@ -18,6 +18,11 @@ the recorded run's XLA dumps (``--dumps DIR``: DIR/<model>/<strategy>/*after_opt
 e.g. the archives of commit 929b4fa unpacked). Models that the time budget leaves out
 are listed as not run. The ``xla-remat-slopN`` rows (XLA's auto-remat under a memory
 limit the runtime reports) are not re-compiled.
+
+With ``--autotune DIR`` (a GPU run's ``gpu_validate.py --autotune-dump``), each compile loads
+the device's own autotune choices and makes the same library and Triton choices; this needs
+the compiler of jax 0.11 (``pip install --no-deps "jax-cuda12-pjrt>=0.11"``), which reads
+that format.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts: the CUDA plugin needs it
 from bench.gpu_validate import STRATEGIES, models, safe_name
+from jaxremat._backends.autotune import FIRST_COMPILER, autotuned_target, compiler_version
 from jaxremat._backends.targets import GPU_AOT_OPTIONS
 
 RECORDED = os.path.join(ROOT, "bench", "results", "gpu-h100", "compile-only.json")
@@ -99,12 +105,12 @@ def worker(spec: dict) -> list:
 
 def options_for(model: str, autotune: str | None) -> dict:
   """XLA options of a model's deviceless compiles: remat off; without autotune results
-  for the model, Triton GEMMs off (the target's default); with them, those loaded."""
+  for the model, Triton GEMMs off (the target's default); with them, those loaded
+  (``jaxremat.autotuned_target``)."""
   path = os.path.join(os.path.abspath(autotune or ""), f"{safe_name(model)}.textproto")
   if not autotune or not os.path.exists(path):
     return {**dict(GPU_AOT_OPTIONS), **NO_XLA_REMAT}
-  return {**NO_XLA_REMAT, "xla_gpu_enable_triton_gemm": True,
-          "xla_gpu_load_autotune_results_from": path}
+  return {**dict(autotuned_target("h100", path).compiler_options), **NO_XLA_REMAT}
 
 
 def run_model(spec: dict, timeout: float) -> list | dict:
@@ -180,7 +186,8 @@ def main() -> int:
   parser.add_argument("--budget-seconds", type=float, default=1500.0)
   parser.add_argument("--autotune", help="a directory of XLA autotune results per model "
                       "(<model>.textproto, gpu_validate.py --autotune-dump): each compile loads "
-                      "its model's, and Triton GEMMs are left to them")
+                      "its model's (jaxremat.autotuned_target), and Triton GEMMs are left to them; "
+                      "needs jax-cuda12-pjrt 0.11 or later")
   parser.add_argument("--worker")
   args = parser.parse_args()
   if args.worker:
@@ -188,6 +195,9 @@ def main() -> int:
     return 0
   if not args.outdir:
     parser.error("OUTDIR is required")
+  if args.autotune and (compiler_version() or (0, 0)) < FIRST_COMPILER:
+    parser.error("--autotune needs the GPU compiler of jax 0.11 or later, which reads the "
+                 "device's autotune format: pip install --no-deps 'jax-cuda12-pjrt>=0.11'")
   with open(args.recorded) as f:
     recorded = json.load(f)
   start = time.time()

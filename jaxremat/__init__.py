@@ -34,6 +34,7 @@ from jaxremat._backends.measure import Footprint as Footprint
 from jaxremat._backends.measure import compile_footprint as compile_footprint
 from jaxremat._api.measure import measure as measure
 from jaxremat._backends.targets import Target as Target
+from jaxremat._backends.autotune import autotuned_target as autotuned_target
 from jaxremat._jaxpr.scan import ScanPlan as ScanPlan
 from jaxremat._api.nnx import apply_nnx as apply_nnx
 from jaxremat._model.simulate import recompute_counts as recompute_counts
@@ -74,6 +75,7 @@ __all__ = (
     "UnsupportedScanError",
     "apply",
     "apply_nnx",
+    "autotuned_target",
     "compile_footprint",
     "fit",
     "graph_peak_bytes",
