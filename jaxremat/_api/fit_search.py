@@ -172,7 +172,8 @@ class Search:
   def fitted(self, groups: tuple[GroupCost, ...], slack_bytes: int) -> None:
     """``groups`` compiled to ``slack_bytes`` under the budget."""
     self.tried.append(groups)
-    self.fastest = min(_seconds(groups), self.fastest if self.fastest is not None else float("inf"))
+    seconds = _seconds(groups)
+    self.fastest = seconds if self.fastest is None else min(seconds, self.fastest)
     if groups is not self.layer_plans.current:  # the DP's: ask for more, short of a miss
       grown = self.allowed + int(slack_bytes / self.scale)
       self.allowed = grown if self._ceiling is None else min(grown, self._ceiling - 1)
@@ -186,7 +187,7 @@ class Search:
       self.layer_plans.missed(excess_bytes)
     if not from_layers:
       self._misses["dp"] += 1
-      self._ceiling = min(self.allowed, self._ceiling if self._ceiling is not None else self.allowed)
+      self._ceiling = self.allowed if self._ceiling is None else min(self.allowed, self._ceiling)
       self._excess = max(int(excess_bytes / self.scale), 1)
       self.allowed -= self._excess  # XLA needs this much more than predicted: ask for less
 

@@ -61,7 +61,8 @@ def autotuned_target(target: str | Target, results_path: str) -> Target:
     target: anything ``target=`` accepts (``"h100"``, a config, a ``Target``); its
       facts must be the device's (the results are keyed by them).
     results_path: the text file of ``--xla_gpu_dump_autotune_results_to`` from a training
-      step compiled on that device with jax 0.11 or later.
+      step compiled on that device with jax 0.11 or later. (For a machine without a GPU:
+      on the GPU itself, XLA autotunes as it compiles.)
 
   Returns:
     A ``Target`` whose compiles make the device's library and Triton choices where the
@@ -76,8 +77,8 @@ def autotuned_target(target: str | Target, results_path: str) -> Target:
     raise InvalidArgumentError("autotuned_target needs a GPU target, got None.")
   if not os.path.isfile(results_path):
     raise InvalidArgumentError(f"No autotune results at {results_path!r}.")
-  with open(results_path) as f:
-    text = f.read()
+  with open(results_path) as source:
+    text = source.read()
   if not re.search(r"^entries\s*\{", text, re.MULTILINE):
     raise InvalidArgumentError(
         f"{results_path!r} is not in the autotune format of jax 0.11 or later (top-level "
@@ -93,9 +94,9 @@ def autotuned_target(target: str | Target, results_path: str) -> Target:
   digest = hashlib.sha256(ported.encode()).hexdigest()[:16]
   path = os.path.join(tempfile.gettempdir(), f"jaxremat-autotune-{digest}.textproto")
   if not os.path.exists(path):
-    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False) as f:
-      f.write(ported)
-    os.replace(f.name, path)
+    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False) as out:
+      out.write(ported)
+    os.replace(out.name, path)
   options = {**dict(base.compiler_options), "xla_gpu_enable_triton_gemm": True,
              "xla_gpu_use_new_autotune_cache_format": True,
              "xla_gpu_load_autotune_results_from": path}
