@@ -94,7 +94,7 @@ def test_after_a_fit_with_bytes_to_spare_a_faster_plan_is_offered_and_no_slower_
                    xla_judges=True)
   first = search.next()
   assert sum(c.seconds for c in first) == 1.0  # the layer plan: one layer recomputed
-  search.fitted(first, slack_bytes=0)
+  search.fitted(first, slack_bytes=0, overestimate_bytes=0)
   dp = search.next()
   assert dp is None  # nothing faster fits the allowance: the DP's plans are slower
   # Had XLA kept 2 bytes less than the DP's plan was predicted to need, its allowance
@@ -105,10 +105,10 @@ def test_after_a_fit_with_bytes_to_spare_a_faster_plan_is_offered_and_no_slower_
   search.layer_plans.current = None
   dp = search.next()
   assert [c.group.option.kind for c in dp].count(RECOMPUTE) == 2
-  search.fitted(dp, slack_bytes=2)
+  search.fitted(dp, slack_bytes=2, overestimate_bytes=1)
   faster = search.next()
   assert faster is not None and sum(c.seconds for c in faster) == 0.0
-  search.fitted(faster, slack_bytes=0)
+  search.fitted(faster, slack_bytes=0, overestimate_bytes=0)
   assert search.next() is None
 
 
@@ -123,5 +123,19 @@ def test_the_allowance_never_grows_back_to_one_that_missed():
   search.failed(missed, excess_bytes=1)
   fits = search.next()  # allowance 4: two layers recomputed
   assert sum(c.seconds for c in fits) == 2.0
-  search.fitted(fits, slack_bytes=10)  # lots to spare, but 5 missed: allowance stays 4
+  search.fitted(fits, slack_bytes=10, overestimate_bytes=10)  # but 5 missed: stays 4
   assert search.allowed == 4 and search.next() is None
+
+
+def test_a_plan_that_fits_far_below_its_prediction_lets_the_dp_ask_for_that_much_more():
+  costs = [_Options().of(Group(i, i + 1, Option(kind))) for i in range(N)
+           for kind in (KEEP, RECOMPUTE)]
+  search = Search(costs, N, 0, allowed=3, scale=1.0,
+                   layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
+                   xla_judges=True)
+  search.layer_plans.current = None
+  first = search.next()
+  assert sum(c.seconds for c in first) == 3.0  # every layer recomputed: peak 3
+  search.fitted(first, slack_bytes=0, overestimate_bytes=2)  # XLA: 2 bytes under it
+  assert search.allowed == 5
+  assert sum(c.seconds for c in search.next()) == 1.0

@@ -150,8 +150,8 @@ def fit(
       bytes; an int or a float above 1 is bytes.
     verify: compile the chosen plan and, while XLA's footprint exceeds the budget,
       tighten the predicted budget by the excess and solve again; once one fits, loosen
-      it by the bytes XLA left unused and compile plans predicted faster, returning the
-      fastest predicted that fits (at most ``MAX_FIT_COMPILES`` compiles in all, plus one
+      it by the bytes XLA left unused (or those the plan was predicted over, the more)
+      and compile plans predicted faster, returning the fastest predicted that fits (at most ``MAX_FIT_COMPILES`` compiles in all, plus one
       of the plain step for a fractional budget). ``False``: the prediction alone,
       nothing compiled.
     time_steps: also compile up to ``MAX_TIMED_ALTERNATIVES`` other plans that are
@@ -233,7 +233,8 @@ def fit(
       compiled.append(got)
       if got <= budget:
         fitting.append((groups, got))
-        search.fitted(groups, budget - got)
+        predicted = fixed + round(scale * peak_bytes(groups, final))
+        search.fitted(groups, budget - got, predicted - got)
       else:
         search.failed(groups, got - budget)
     if fitting:

@@ -127,10 +127,10 @@ class Search:
   ones, in the groups' own scale) and the layer-boundary plan, each solved again for less
   after XLA finds it over the budget; none twice. The two take turns after misses (the
   one that missed fewer times first), else the faster predicted goes first: a model that
-  XLA keeps surprising one way need not use up every compile. Once a plan fits, only
-  plans predicted faster are offered, and the DP's allowance grows by the bytes XLA left
-  unused (short of any allowance that missed): a prediction that was high by that much
-  leaves a faster plan in the budget."""
+  XLA keeps surprising one way need not use up every compile. Once a plan (of either)
+  fits, only plans predicted faster are offered, and the DP's allowance grows by the
+  bytes XLA left unused or by those it was predicted over, the more (short of any
+  allowance that missed): where the prediction was high, a faster plan may fit too."""
 
   def __init__(self, costs: list[GroupCost], n: int, final: int, allowed: int, scale: float,
                layer_plans: LayerPlans, xla_judges: bool):
@@ -153,8 +153,8 @@ class Search:
         return None
       if groups not in self.tried:
         return groups
-      if self.fastest is not None:  # less allowance would be no faster than what fitted
-        return None
+      if self.fastest is not None and _seconds(groups) >= self.fastest:
+        return None  # the DP's plans for less allowance are no faster than what fitted
       self.allowed -= self._excess  # tightened too little to change the plan
     return None
 
@@ -169,14 +169,15 @@ class Search:
       return None
     return min(found, key=lambda f: (self._misses[f[0]], _seconds(f[1])))[1]
 
-  def fitted(self, groups: tuple[GroupCost, ...], slack_bytes: int) -> None:
-    """``groups`` compiled to ``slack_bytes`` under the budget."""
+  def fitted(self, groups: tuple[GroupCost, ...], slack_bytes: int, overestimate_bytes: int
+             ) -> None:
+    """``groups`` compiled to ``slack_bytes`` under the budget, and ``overestimate_bytes``
+    under its prediction (negative: over it)."""
     self.tried.append(groups)
     seconds = _seconds(groups)
     self.fastest = seconds if self.fastest is None else min(seconds, self.fastest)
-    if groups is not self.layer_plans.current:  # the DP's: ask for more, short of a miss
-      grown = self.allowed + int(slack_bytes / self.scale)
-      self.allowed = grown if self._ceiling is None else min(grown, self._ceiling - 1)
+    grown = self.allowed + int(max(slack_bytes, overestimate_bytes) / self.scale)
+    self.allowed = grown if self._ceiling is None else min(grown, self._ceiling - 1)
 
   def failed(self, groups: tuple[GroupCost, ...], excess_bytes: int) -> None:
     """``groups`` compiled to ``excess_bytes`` over the budget."""
