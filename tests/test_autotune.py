@@ -52,7 +52,7 @@ def test_port_rewrites_only_the_library_versions():
   assert ported.count('optimal_backend_version: "0.0.0"') == 2  # cuBLASLt and cuDNN
   assert 'optimal_backend_version: "a77e7c79"' in ported  # Triton's is the compiler's own
   assert "13.0.0" not in ported and "9.19.0" not in ported
-  assert ported.replace('"0.0.0"', "").count("autotune_workspace_size: 33554432") == 1
+  assert "autotune_workspace_size: 33554432" in ported  # the choice itself is kept
   assert len(ported.splitlines()) == len(ENTRIES.splitlines())
 
 

@@ -97,8 +97,8 @@ def test_after_a_fit_with_bytes_to_spare_a_faster_plan_is_offered_and_no_slower_
   search.fitted(first, slack_bytes=0, overestimate_bytes=0)
   dp = search.next()
   assert dp is None  # nothing faster fits the allowance: the DP's plans are slower
-  # Had XLA kept 2 bytes less than the DP's plan was predicted to need, its allowance
-  # grows by them: keeping everything (0 s) is offered, and nothing slower after it fits.
+  # With 2 bytes to spare (more than the 1 it was over-predicted by), the DP's allowance
+  # grows by 2: keeping everything (0 s) is offered, and nothing slower after it fits.
   search = Search(costs, N, 0, allowed=4, scale=1.0,
                    layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
                    xla_judges=True)
