@@ -43,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts: the CUDA plugin needs it
 from bench.gpu_validate import STRATEGIES, models, safe_name
-from jaxremat._backends.autotune import FIRST_COMPILER, autotuned_target, compiler_version
+from jaxremat._backends.autotune import autotuned_target
 from jaxremat._backends.targets import GPU_AOT_OPTIONS
 
 RECORDED = os.path.join(ROOT, "bench", "results", "gpu-h100", "compile-only.json")
@@ -195,9 +195,6 @@ def main() -> int:
     return 0
   if not args.outdir:
     parser.error("OUTDIR is required")
-  if args.autotune and (compiler_version() or (0, 0)) < FIRST_COMPILER:
-    parser.error("--autotune needs the GPU compiler of jax 0.11 or later, which reads the "
-                 "device's autotune format: pip install --no-deps 'jax-cuda12-pjrt>=0.11'")
   with open(args.recorded) as f:
     recorded = json.load(f)
   start = time.time()

@@ -43,6 +43,21 @@ def _groups(checkpoints):
   return tuple(_Options().of(g) for g in from_plan(checkpoints, N).groups)
 
 
+def _per_layer_costs():
+  """Each layer kept (2 bytes, 0 s) or recomputed (1 byte, 1 s): keeping all peaks at 6."""
+  return [_Options().of(Group(i, i + 1, Option(kind))) for i in range(N)
+          for kind in (KEEP, RECOMPUTE)]
+
+
+def _dp_search(allowed):
+  """A search of the DP's plans alone (no layer-boundary plan)."""
+  search = Search(_per_layer_costs(), N, 0, allowed=allowed, scale=1.0,
+                  layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
+                  xla_judges=True)
+  search.layer_plans.current = None
+  return search
+
+
 def test_a_miss_of_the_dp_plan_that_is_also_the_layer_plan_moves_both_on():
   # The DP's costs offer only the layer-boundary groups, so its plan is the layer plan.
   costs = [_Options().of(Group(i, i + 1, Option(KEEP))) for i in range(N)]
@@ -85,13 +100,11 @@ def test_layer_plans_turn_to_the_fallbacks_after_repeated_misses():
 
 
 def test_after_a_fit_with_bytes_to_spare_a_faster_plan_is_offered_and_no_slower_one():
-  # Per layer: keep (2 bytes, 0 s) or recompute (1 byte, 1 s). Allowance 4 of the 6
-  # bytes that keeping all three layers peaks at: the DP recomputes two layers.
-  costs = [_Options().of(Group(i, i + 1, Option(kind))) for i in range(N)
-           for kind in (KEEP, RECOMPUTE)]
+  # Allowance 4 of the 6 bytes that keeping all three layers peaks at: the DP recomputes
+  # two layers.
   layer_plans = LayerPlans(_Planner(), _Options(), budget=100, fallbacks=True)
-  search = Search(costs, N, 0, allowed=4, scale=1.0, layer_plans=layer_plans,
-                   xla_judges=True)
+  search = Search(_per_layer_costs(), N, 0, allowed=4, scale=1.0, layer_plans=layer_plans,
+                  xla_judges=True)
   first = search.next()
   assert sum(c.seconds for c in first) == 1.0  # the layer plan: one layer recomputed
   search.fitted(first, slack_bytes=0, overestimate_bytes=0)
@@ -99,10 +112,7 @@ def test_after_a_fit_with_bytes_to_spare_a_faster_plan_is_offered_and_no_slower_
   assert dp is None  # nothing faster fits the allowance: the DP's plans are slower
   # With 2 bytes to spare (more than the 1 it was over-predicted by), the DP's allowance
   # grows by 2: keeping everything (0 s) is offered, and nothing slower after it fits.
-  search = Search(costs, N, 0, allowed=4, scale=1.0,
-                   layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
-                   xla_judges=True)
-  search.layer_plans.current = None
+  search = _dp_search(allowed=4)
   dp = search.next()
   assert [c.group.option.kind for c in dp].count(RECOMPUTE) == 2
   search.fitted(dp, slack_bytes=2, overestimate_bytes=1)
@@ -113,12 +123,7 @@ def test_after_a_fit_with_bytes_to_spare_a_faster_plan_is_offered_and_no_slower_
 
 
 def test_the_allowance_never_grows_back_to_one_that_missed():
-  costs = [_Options().of(Group(i, i + 1, Option(kind))) for i in range(N)
-           for kind in (KEEP, RECOMPUTE)]
-  search = Search(costs, N, 0, allowed=5, scale=1.0,
-                   layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
-                   xla_judges=True)
-  search.layer_plans.current = None
+  search = _dp_search(allowed=5)
   missed = search.next()  # recomputes one layer: peak 5
   search.failed(missed, excess_bytes=1)
   fits = search.next()  # allowance 4: two layers recomputed
@@ -128,12 +133,7 @@ def test_the_allowance_never_grows_back_to_one_that_missed():
 
 
 def test_a_plan_that_fits_far_below_its_prediction_lets_the_dp_ask_for_that_much_more():
-  costs = [_Options().of(Group(i, i + 1, Option(kind))) for i in range(N)
-           for kind in (KEEP, RECOMPUTE)]
-  search = Search(costs, N, 0, allowed=3, scale=1.0,
-                   layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
-                   xla_judges=True)
-  search.layer_plans.current = None
+  search = _dp_search(allowed=3)
   first = search.next()
   assert sum(c.seconds for c in first) == 3.0  # every layer recomputed: peak 3
   search.fitted(first, slack_bytes=0, overestimate_bytes=2)  # XLA: 2 bytes under it

@@ -151,9 +151,9 @@ def fit(
     verify: compile the chosen plan and, while XLA's footprint exceeds the budget,
       tighten the predicted budget by the excess and solve again; once one fits, loosen
       it by the bytes XLA left unused (or those the plan was predicted over, the more)
-      and compile plans predicted faster, returning the fastest predicted that fits (at most ``MAX_FIT_COMPILES`` compiles in all, plus one
-      of the plain step for a fractional budget). ``False``: the prediction alone,
-      nothing compiled.
+      and compile plans predicted faster, returning the fastest predicted that fits (at
+      most ``MAX_FIT_COMPILES`` compiles in all, plus one of the plain step for a
+      fractional budget). ``False``: the prediction alone, nothing compiled.
     time_steps: also compile up to ``MAX_TIMED_ALTERNATIVES`` other plans that are
       predicted to fit (every layer recomputed, every layer keeping its matrix products,
       the frontier's plans of least and middling footprint, the layer-boundary plan),
@@ -215,6 +215,10 @@ def fit(
   # no-remat footprint (XLA's, or the backend's estimate without verify).
   keep_all = [c for c in costs if c.group.option.kind == KEEP]
   scale = max(no_remat - fixed, 1) / max(peak_bytes(keep_all, final), 1)
+
+  def predicted(groups: tuple[GroupCost, ...]) -> int:  # a plan's footprint (bytes)
+    return fixed + round(scale * peak_bytes(groups, final))
+
   allowed = int((budget - fixed) / scale)
   compiled: list[int] = []
   chosen, footprint = None, None
@@ -233,8 +237,7 @@ def fit(
       compiled.append(got)
       if got <= budget:
         fitting.append((groups, got))
-        predicted = fixed + round(scale * peak_bytes(groups, final))
-        search.fitted(groups, budget - got, predicted - got)
+        search.fitted(groups, budget - got, predicted(groups) - got)
       else:
         search.failed(groups, got - budget)
     if fitting:
@@ -265,7 +268,7 @@ def fit(
   return Fitted(
       fn=DropIn(model_fn, plan, layer_depth, traced, key), plan=plan, costs=chosen,
       chain=chain, budget_bytes=budget, fixed_bytes=fixed, no_remat_bytes=no_remat,
-      predicted_total_bytes=fixed + round(scale * peak_bytes(chosen, final)),
+      predicted_total_bytes=predicted(chosen),
       predicted_seconds=sum(c.seconds for c in chosen), measured_total_bytes=footprint,
       compiled=tuple(compiled), frontier=frontier,
       target=resolved.name if resolved else None, timed=tuple(timings),
