@@ -61,10 +61,11 @@ class ChainPlanner:
     return "compiled" if self.replay is not None else "jaxpr"
 
   def temp_bytes(self, plan: Plan) -> int:
-    """Predicted XLA temp bytes of a single-level ``plan``: the replay's above the step's
-    fixed bytes, or the estimate's (``estimate_temp_bytes``)."""
+    """Predicted XLA temp bytes of a single-level ``plan``, to rank plans by: the replay's
+    live bytes (without the heap's room between buffers), or the estimate's
+    (``estimate_temp_bytes``)."""
     if self.replay is not None:
-      return self.replay.total_bytes(plan.checkpoints) - self.replay.fixed_bytes
+      return self.replay.live_bytes(plan.checkpoints)
     return estimate_temp_bytes(self.chain, self.buffers, plan)
 
   @property

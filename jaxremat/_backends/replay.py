@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 
+from jaxremat._backends.heap import CPU_ALIGNMENT, GPU_ALIGNMENT, TempValue, replay_temp_bytes
 from jaxremat._backends.measure import compile_footprint
 from jaxremat._backends.targets import Target, target_footprint
 from jaxremat._backends.xla_dump import Dump, LayerNames, read_dump
@@ -57,6 +58,9 @@ class Replay:
     backward_layer: per step from the turn on, its layer (0-based).
     act_bytes: ``a_0..a_n`` of the chain (bytes): a checkpoint's size.
     fixed_bytes: the step's argument + output - alias bytes.
+    tables: the bytes of each tuple's table of element pointers, which XLA allocates
+      above the heap.
+    alignment: the compiler's buffer alignment (bytes).
   """
 
   values: tuple[Value, ...]
@@ -65,9 +69,40 @@ class Replay:
   backward_layer: tuple[int, ...]
   act_bytes: tuple[int, ...]
   fixed_bytes: int
+  tables: tuple[int, ...] = ()
+  alignment: int = CPU_ALIGNMENT
+  _placed: dict[tuple[int, ...], int] = dataclasses.field(
+      default_factory=dict, init=False, repr=False, compare=False)
 
   def total_bytes(self, checkpoints: Sequence[int]) -> int:
-    """The footprint of the plan with these checkpoints (bytes), replayed.
+    """The footprint of the plan with these checkpoints (bytes), replayed: the step's
+    fixed bytes and the temp allocation XLA's heap placement makes of ``intervals``, the
+    plain step's tuple tables above it."""
+    key = tuple(checkpoints)
+    if key not in self._placed:
+      values = [TempValue(i, first, last, -1 - i, size)  # no two written in place
+                for i, (first, last, size) in enumerate(self.intervals(key))]
+      values += [TempValue(-1 - i, 0, 0, 0, size, is_tuple=True)
+                 for i, size in enumerate(self.tables)]
+      self._placed[key] = replay_temp_bytes(values, self.alignment)
+    return self.fixed_bytes + self._placed[key]
+
+  def live_bytes(self, checkpoints: Sequence[int]) -> int:
+    """The peak live bytes of ``intervals`` (bytes): the temp allocation without the room
+    the heap leaves between buffers; a fast figure to rank plans by."""
+    live: collections.Counter[int] = collections.Counter()  # changes from step to step
+    for first, last, size in self.intervals(checkpoints):
+      live[first] += size
+      live[last + 1] -= size
+    peak = running = 0
+    for step in sorted(live):
+      running += live[step]
+      peak = max(peak, running)
+    return peak
+
+  def intervals(self, checkpoints: Sequence[int]) -> list[tuple[int, int, int]]:
+    """The temp values of the plan with these checkpoints as ``(first, last, bytes)``
+    over its step (both included), replayed.
 
     A value made once (no layer and no batch value makes it: an iota, a constant) lives
     over its steps; a forward value read in the forward only, in the forward and again
@@ -90,23 +125,25 @@ class Replay:
         for t, layer in enumerate(self.forward_layer):
           if segment_of[layer] == s:
             pos["R", s, t] = len(pos)
-      for t, layer in enumerate(self.backward_layer, start=turn):
-        if segment_of[layer] == s:
-          pos["B", t] = len(pos)
-    live = [0] * (len(pos) + 1)  # bytes live, as differences from step to step
+      steps = [(t, layer) for t, layer in enumerate(self.backward_layer, start=turn)
+               if segment_of[layer] == s]
+      if s != last:  # a recomputed layer's backward runs whole, its weight gradients too
+        steps.sort(key=lambda step: -step[1])
+      for t, _ in steps:
+        pos["B", t] = len(pos)
+    found: list[tuple[int, int, int]] = []
     held: collections.Counter[int] = collections.Counter()
 
     def add(a: int, b: int, size: int) -> None:
       if b >= a and size > 0:
-        live[a] += size
-        live[b + 1] -= size
+        found.append((a, b, size))
 
     def at(t: int) -> int:
       return pos["F" if t < turn else "B", t]
 
     for v in self.values:
-      if not v.from_model or v.first >= turn:
-        add(at(v.first), at(v.last), v.size)
+      if not v.from_model or v.first >= turn:  # over its steps, which may run reordered
+        add(min(at(v.first), at(v.last)), max(at(v.first), at(v.last)), v.size)
         continue
       s = segment_of[self.forward_layer[v.first]]
       if v.last < turn:  # read in the forward only
@@ -134,11 +171,7 @@ class Replay:
       read = max((t for t, layer in enumerate(self.backward_layer, start=turn) if layer >= c),
                  default=turn + len(self.backward_layer) - 1)
       add(at(made), at(read), max(0, self.act_bytes[c] - held[s]))
-    peak = running = 0
-    for change in live:
-      running += change
-      peak = max(peak, running)
-    return self.fixed_bytes + peak
+    return found
 
 
 def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any], Any], params: Any,
@@ -152,12 +185,15 @@ def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any], Any], para
     footprint = (target_footprint(step, (params, batch), target, options) if target
                  else compile_footprint(step, params, batch, compiler_options=options))
     found = read_dump(out, footprint.temp_bytes)
-  return replay_of(found, traced, act_bytes, footprint.total_bytes - footprint.temp_bytes)
+  gpu = target is not None or jax.default_backend() != "cpu"
+  return replay_of(found, traced, act_bytes, footprint.total_bytes - footprint.temp_bytes,
+                   GPU_ALIGNMENT if gpu else CPU_ALIGNMENT)
 
 
-def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_bytes: int
-              ) -> Replay:
-  """The ``Replay`` of a dumped plain step of ``traced``'s model."""
+def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_bytes: int,
+              alignment: int = CPU_ALIGNMENT) -> Replay:
+  """The ``Replay`` of a dumped plain step of ``traced``'s model (buffers aligned to
+  ``alignment`` bytes)."""
   layers = LayerNames(traced)
   ops, schedule = dump.ops, dump.schedule
   producers: dict[str, set[str]] = collections.defaultdict(set)
@@ -198,7 +234,9 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
       current = max(below) if below else min(fits)
     backward_layer.append(current)
   step = {name: i for i, name in enumerate(schedule)}
-  temp = [v for v in dump.values.values() if v.allocation == "temp" and v.first >= 0]
+  temp = [v for v in dump.values.values()
+          if v.allocation == "temp" and v.first >= 0 and not v.is_tuple]
+  tables = tuple(v.size for v in dump.values.values() if v.allocation == "temp" and v.is_tuple)
   starts = {(v.first, v.offset) for v in temp}  # a value written over one that ends there
   values = tuple(
       Value(v.first, v.last - 1 if (v.last, v.offset) in starts and v.last > v.first else v.last,
@@ -206,4 +244,4 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
             max((step[u] for u in v.uses if step.get(u, turn) < turn), default=None))
       for v in temp)
   return Replay(values, turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
-                fixed_bytes)
+                fixed_bytes, tables, alignment)

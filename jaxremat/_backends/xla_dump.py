@@ -43,13 +43,14 @@ _LEAF_OPS = ("parameter(", "constant(", "iota(")
 
 @dataclasses.dataclass
 class DumpValue:
-  """One value of the module: its name, bytes, allocation, defining instruction, uses,
-  live range (schedule steps, both included; -1: none)."""
+  """One value of the module: its name, bytes, allocation, whether it is a tuple's,
+  defining instruction, uses, live range (schedule steps, both included; -1: none)."""
 
   name: str  # "fusion.3{}" as in the live-range dump
   size: int
   allocation: str  # "temp", "output", "parameter", "other"
   offset: int = 0  # where in its allocation (bytes)
+  is_tuple: bool = False  # a tuple's own value: its table of element pointers
   instr: str = ""
   uses: tuple[str, ...] = ()
   first: int = -1
@@ -106,8 +107,7 @@ def _read_values(assignment: str, values_path: str
       elif value := _VALUE.match(line):
         name = value.group(2) if value.group(2).endswith("}") else value.group(2) + "{}"
         values[int(value.group(1))] = DumpValue(
-            name, int(value.group(3)), "tuple" if value.group(5) == "(" else kind,
-            int(value.group(4)))
+            name, int(value.group(3)), kind, int(value.group(4)), value.group(5) == "(")
   ops: dict[str, tuple[str, bool]] = {}
   current: DumpValue | None = None
   uses: list[str] = []

@@ -1,0 +1,31 @@
+"""The compiled profile's virtual schedule, on hand-made replays (no compile)."""
+
+from jaxremat._backends.replay import Replay, Value
+
+
+def _replay() -> Replay:
+  """Three layers, one step each in the forward (steps 0-2); the backward (steps 3-6)
+  runs layer 2, layer 1's input gradient, layer 0 (with a 1,000-byte workspace), and
+  last layer 1's weight gradient, which XLA put off in the plain step. Layer 0's output
+  (100 bytes) is read by layer 1 in the forward and by that weight gradient."""
+  return Replay(
+      values=(Value(0, 6, 100, True, 1), Value(5, 5, 1000, True, None)),
+      turn=3, forward_layer=(0, 1, 2), backward_layer=(2, 1, 0, 1), act_bytes=(0, 100, 10, 0),
+      fixed_bytes=7)
+
+
+def test_a_recomputed_segment_runs_each_layer_backward_whole():
+  # Plan (2,): layers 0-1 are recomputed. Their backward runs layer 1's steps, its weight
+  # gradient included, before layer 0's, so layer 0's recomputed output is freed before
+  # the workspace is made (1,100 bytes at once in the plain step's order).
+  r = _replay()
+  assert r.live_bytes((2,)) == 1000
+  assert r.total_bytes((2,)) == 7 + 1000
+
+
+def test_the_last_segment_keeps_the_plain_steps_order():
+  # Without remat the plain step is replayed as XLA scheduled it: the output is live
+  # from step 0 to the put-off weight gradient, over the workspace.
+  r = _replay()
+  assert r.live_bytes(()) == 1100
+  assert r.total_bytes(()) == 7 + 1024 + 100  # the workspace placed first, the output above
