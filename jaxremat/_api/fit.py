@@ -209,7 +209,9 @@ def fit(
     costs = group_costs(options)
   fixed, n = planner.fixed_bytes, chain.n
   final = chain.act_bytes[n] + chain.cot_bytes[n]
-  no_remat = measured(Plan()) if verify else planner.total_bytes(Plan())
+  replayed = getattr(planner, "replay", None)  # its compile measured the plain step
+  no_remat = ((replayed.plain_bytes if replayed else measured(Plan())) if verify
+              else planner.total_bytes(Plan()))
   budget = _budget_bytes(memory_budget, fixed, no_remat)
   # One calibration: the groups' bytes scaled so that keeping everything predicts the
   # no-remat footprint (XLA's, or the backend's estimate without verify).

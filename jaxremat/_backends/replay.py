@@ -61,6 +61,7 @@ class Replay:
     tables: the bytes of each tuple's table of element pointers, which XLA allocates
       above the heap.
     alignment: the compiler's buffer alignment (bytes).
+    plain_bytes: XLA's footprint of the plain step (bytes; 0 when not compiled).
   """
 
   values: tuple[Value, ...]
@@ -71,6 +72,7 @@ class Replay:
   fixed_bytes: int
   tables: tuple[int, ...] = ()
   alignment: int = CPU_ALIGNMENT
+  plain_bytes: int = 0
   _placed: dict[tuple[int, ...], int] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
 
@@ -186,8 +188,9 @@ def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any], Any], para
                  else compile_footprint(step, params, batch, compiler_options=options))
     found = read_dump(out, footprint.temp_bytes)
   gpu = target is not None or jax.default_backend() != "cpu"
-  return replay_of(found, traced, act_bytes, footprint.total_bytes - footprint.temp_bytes,
-                   GPU_ALIGNMENT if gpu else CPU_ALIGNMENT)
+  replay = replay_of(found, traced, act_bytes, footprint.total_bytes - footprint.temp_bytes,
+                     GPU_ALIGNMENT if gpu else CPU_ALIGNMENT)
+  return dataclasses.replace(replay, plain_bytes=footprint.total_bytes)
 
 
 def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_bytes: int,
