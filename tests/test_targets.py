@@ -221,5 +221,5 @@ def test_fit_for_the_target_fits_by_the_gpu_compiler():
   measured = jaxremat.measure(loss, params, x, target="h100").total_bytes
   assert measured <= budget
   assert measured == fitted.measured_total_bytes and measured in fitted.compiled
-  # the plain step is compiled once, for the compiled profile, which also measures it
-  assert fitted.no_remat_bytes == plain.total_bytes and plain.total_bytes not in fitted.compiled
+  # the compiled profile's compile of the plain step gives the no-remat footprint
+  assert fitted.no_remat_bytes == plain.total_bytes
