@@ -20,7 +20,7 @@ from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
 from jaxremat._api.loss import training_loss
 from jaxremat._api.measure import measure
-from jaxremat._api.planner import fmt_bytes, make_planner
+from jaxremat._api.planner import ChainPlanner, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._backends.measure import compile_step
 from jaxremat._backends.policy_options import OptionCosts, group_costs
@@ -203,15 +203,16 @@ def fit(
     planner = make_planner(traced, (), params, batch, model_kwargs, False,
                            "gpu" if resolved else None, replay if resolved else None,
                            required=False)
+    assert isinstance(planner, ChainPlanner)  # a graph was rejected above
     chain = planner.chain
-    assert isinstance(chain, Chain)  # a graph was rejected above
     options = OptionCosts(traced, chain, roofline_for(resolved.name if resolved else None))
     costs = group_costs(options)
   fixed, n = planner.fixed_bytes, chain.n
   final = chain.act_bytes[n] + chain.cot_bytes[n]
-  replayed = getattr(planner, "replay", None)  # its compile measured the plain step
-  no_remat = ((replayed.plain_bytes if replayed else measured(Plan())) if verify
-              else planner.total_bytes(Plan()))
+  if not verify:
+    no_remat = planner.total_bytes(Plan())
+  else:  # the compiled profile's compile measured the plain step already
+    no_remat = planner.replay.plain_bytes if planner.replay else measured(Plan())
   budget = _budget_bytes(memory_budget, fixed, no_remat)
   # One calibration: the groups' bytes scaled so that keeping everything predicts the
   # no-remat footprint (XLA's, or the backend's estimate without verify).
