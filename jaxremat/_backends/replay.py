@@ -10,11 +10,13 @@ backward from the last).
 
 A plan's step is the plain step's steps in another order: the forward, then per segment
 from the last its recompute (its layers' forward steps; none for the last segment) and
-its backward. Each value lives where its steps fall (``Replay.total_bytes``). What XLA
-decided for the plain step stands: its temp values count, the values it placed in output
-buffers do not, and a value written over another (at its offset, from the step the other
-ends) shares its bytes. The no-remat plan replays the plain step's live bytes exactly;
-what the replay cannot see is a fusion XLA makes only under remat (docs/memory-model.md).
+its backward (a recomputed segment's layer by layer, from the last). Each value lives
+where its steps fall (``Replay.intervals``). What XLA decided for the plain step stands:
+its temp values count, the values it placed in output buffers do not, and a value written
+over another (at its offset, from the step the other ends) shares its bytes. The plan's
+temp bytes are XLA's heap placement of those values (``heap``). The no-remat plan
+replays the plain step's footprint exactly; what the replay cannot see is what XLA does
+only under remat (docs/memory-model.md).
 """
 
 from __future__ import annotations
