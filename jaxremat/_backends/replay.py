@@ -15,8 +15,8 @@ where its steps fall (``Replay.intervals``). What XLA decided for the plain step
 its temp values count, the values it placed in output buffers do not, and a value written
 over another (at its offset, from the step the other ends) shares its bytes. The plan's
 temp bytes are XLA's heap placement of those values (``heap``). The no-remat plan
-replays the plain step's footprint exactly; what the replay cannot see is what XLA does
-only under remat (docs/memory-model.md).
+replays the plain step's footprint, to the byte on most models; what the replay cannot
+see is what XLA does only under remat (docs/memory-model.md).
 """
 
 from __future__ import annotations
