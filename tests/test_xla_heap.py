@@ -1,5 +1,5 @@
-"""XLA's temp allocation replayed from its own values: hand-traced cases of the heap's
-rules, and the replay against the temp bytes XLA itself allocates."""
+"""XLA's temp allocation replayed from its own values (``_backends/heap.py``): hand-traced
+cases of the heap's rules, and the replay against the temp bytes XLA itself allocates."""
 
 import functools
 import lzma
@@ -14,12 +14,12 @@ import pytest
 import jaxremat
 from jaxremat import zoo
 from jaxremat._api.loss import training_loss
+from jaxremat._backends.heap import TempValue, live_peak_bytes, replay_temp_bytes
 
 # bench/ is not installed: import it from the repository root (appended, so an installed
 # jaxremat still comes first).
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.xla_heap import (TempValue, live_peak_bytes,  # noqa: E402
-                            measure_with_temp_values, read_temp_values, replay_temp_bytes)
+from bench.xla_heap import measure_with_temp_values, read_temp_values  # noqa: E402
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
 
