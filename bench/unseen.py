@@ -162,16 +162,23 @@ def model_set(name: str) -> dict[str, Callable[[], Case]]:
 SETS = ("unseen", "zoo", "realworld")
 
 
+def _measurer(params: Any, x: Any, target: str | None, kwargs: dict
+              ) -> Callable[[Callable[..., Any]], int]:
+  """XLA's footprint (bytes) of a model function's training step on ``params`` and
+  ``x`` (on ``target`` when given, deviceless)."""
+  def footprint(fn: Callable[..., Any]) -> int:
+    return jaxremat.measure(training_loss(fn, kwargs), params, x, target=target).total_bytes
+
+  return footprint
+
+
 def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
               target: str | None = None, kwargs: dict | None = None) -> dict:
   """Default apply's plan against every checkpoint-every-k plan and ``verify=True``'s
   plan: XLA's footprints (on ``target`` when given, deviceless) and the prediction;
   ``kwargs`` go to ``apply_fn`` (``mutable=``, ``rngs=``, ``train=``)."""
   kwargs = dict(kwargs or {})
-
-  def footprint(fn) -> int:
-    return jaxremat.measure(training_loss(fn, kwargs), params, x, target=target).total_bytes
-
+  footprint = _measurer(params, x, target, kwargs)
   start = time.perf_counter()
   r = jaxremat.apply(apply_fn, params, x, target=target, profile="jaxpr", **kwargs)
   apply_seconds = time.perf_counter() - start
@@ -223,10 +230,7 @@ def refresh_compiled(row: dict, apply_fn: Callable[..., Any], params: Any, x: An
   (the other columns do not depend on that profile); the least footprint is the least
   of the earlier plans and the plans compiled now."""
   kwargs = dict(kwargs or {})
-
-  def footprint(fn) -> int:
-    return jaxremat.measure(training_loss(fn, kwargs), params, x, target=target).total_bytes
-
+  footprint = _measurer(params, x, target, kwargs)
   compiled = _compiled_profile(apply_fn, params, x, target, kwargs, footprint)
   least = min(row["least_bytes"], *(compiled or {}).get("verified", {}).values())
   if compiled:
