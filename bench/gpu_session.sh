@@ -13,6 +13,9 @@
 #                       autotune results                        -> aot/, aot-autotune/
 #   steps:M1,M2,...     gpu_validate.py: step times and allocator peaks per plan -> steps/
 # Run from the repository root on the GPU machine (jax with CUDA, flax, optax, chex).
+# With ARCHIVE=PATH.tgz set, OUTDIR is archived there after each model and stage: a device
+# tool that brings back only a few files from its output folder then brings back one
+# archive, the last one written if the run is cut off.
 set -u
 out=$1; allowance=$2; shift 2
 mkdir -p "$out"
@@ -20,6 +23,10 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 deadline=$(( $(date +%s) + allowance ))
 left() { echo $(( deadline - $(date +%s) )); }
 name() { echo "$1" | tr -c 'A-Za-z0-9._\n-' '_'; }
+archive() {
+  [ -n "${ARCHIVE:-}" ] || return 0
+  tar czf "$ARCHIVE.part" -C "$(dirname "$out")" "$(basename "$out")" && mv "$ARCHIVE.part" "$ARCHIVE"
+}
 
 for stage in "$@"; do
   [ "$(left)" -gt 20 ] || {
@@ -47,6 +54,7 @@ print(local_roofline())"
         timeout "$(left)" python3 bench/policies.py --models "$m" --rounds 3 \
           --out "$out/policies/$(name "$m").json" > "$out/policies-$(name "$m").log" 2>&1
         echo "policies $m: rc $? ($(left) s left)"
+        archive
       done ;;
     autotune)
       timeout "$(left)" python3 bench/gpu_validate.py "$out/compile" --compile-only \
@@ -68,5 +76,6 @@ print(local_roofline())"
       echo "steps: rc $?" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
+  archive
 done
 echo "done ($(left) s left)"
