@@ -51,7 +51,7 @@ def run_demo(model_name: str, width: float, batch: int, image_size: int) -> dict
     plan = r.plan if method == "apply" else jaxremat.solve(r.chain, method)
     rm = jaxremat.apply(model.apply, params, x, plan=plan)
     footprint = jaxremat.measure(training_loss(rm.fn, {}), params, x)
-    got = jax.jit(jax.grad(training_loss(rm.fn, {})))(params, x)
+    got = jaxremat.jit(jax.grad(training_loss(rm.fn, {})))(params, x)
     rows.append({
         "method": method,
         "checkpoints": list(plan.checkpoints),

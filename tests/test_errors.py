@@ -10,10 +10,13 @@ from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
+from flax import nnx
 
 import jaxremat
 from jaxremat import zoo
@@ -100,6 +103,17 @@ def apply_to(model, x=X, **kwargs):
   return jaxremat.apply(model.apply, model.init(jax.random.key(0), x), x, **kwargs)
 
 
+def held_bytes(params, batch):
+  """Bytes of params, batch and parameter gradients, summed leaf by leaf with numpy."""
+  leaves = jax.tree_util.tree_leaves(params)
+  return 2 * sum(np.asarray(a).nbytes for a in leaves) + np.asarray(batch).nbytes
+
+
+#: A budget above what the MLP's params, batch and gradients hold, below any step's
+#: footprint (its activations come on top).
+BELOW_LEAST = held_bytes(mlp()[1], X) + 8
+
+
 def apply_mlp(**kwargs):
   model, params, _ = mlp()
   return jaxremat.apply(model.apply, params, X, **kwargs)
@@ -152,6 +166,13 @@ CASES = [
          jaxremat.InvalidArgumentError, r"is a tracer: jaxremat.apply traces the model itself"),
     Case("model-not-callable", lambda: jaxremat.apply("model.apply", {}, X),
          jaxremat.InvalidArgumentError, "model_fn must be callable"),
+    Case("model-is-a-module", lambda: jaxremat.apply(mlp()[0], mlp()[1], X),
+         jaxremat.InvalidArgumentError,
+         r"model_fn is a Flax module \(\w+\), not its apply function: call "
+         r"jaxremat.apply\(model.apply, params, batch\)"),
+    Case("model-is-an-nnx-module",
+         lambda: jaxremat.apply(nnx.Linear(4, 8, rngs=nnx.Rngs(0)), {}, X),
+         jaxremat.InvalidArgumentError, r"model_fn is an nnx module \(Linear\).*apply_nnx"),
     Case("plan-not-a-plan", lambda: apply_mlp(plan=(1, 2)),
          jaxremat.InvalidArgumentError, r"plan must be a jaxremat.Plan, got tuple"),
     Case("layer-depth-negative", lambda: apply_mlp(layer_depth=-1),
@@ -190,7 +211,11 @@ CASES = [
     # Methods and budgets.
     Case("unknown-method", lambda: apply_mlp(method="fastest"),
          jaxremat.UnknownMethodError, r"unknown method 'fastest'.*'optimal'"),
-    Case("budget-below-least", lambda: apply_mlp(budget_bytes=1000),
+    Case("budget-below-inputs", lambda: apply_mlp(budget_bytes=1000),
+         jaxremat.InfeasibleBudgetError,
+         r"budget_bytes=1000 \(1000 B\) is below the \d+ bytes \(\d+\.\d\d KiB\) that the "
+         r"parameters, the batch and the parameter gradients hold in every training step"),
+    Case("budget-below-least", lambda: apply_mlp(budget_bytes=BELOW_LEAST),
          jaxremat.InfeasibleBudgetError, r"below the least footprint of the plans jaxremat tried as XLA compiles the step: \d+ bytes \(\d+\.\d\d KiB\)"),
     Case("budget-negative", lambda: apply_mlp(budget_bytes=-5),
          jaxremat.InvalidBudgetError, "non-negative number of bytes, got -5"),
@@ -212,8 +237,12 @@ CASES = [
          jaxremat.InvalidArgumentError, r"memory_budget must be a share of the activations.*'half'"),
     Case("fit-budget-not-positive", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 0),
          jaxremat.InvalidBudgetError, r"positive number of bytes, got 0"),
-    Case("fit-budget-below-least", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 1000),
-         jaxremat.InfeasibleBudgetError, r"no plan fits the step in 1000 bytes .* the least "
+    Case("fit-budget-below-inputs", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 50),
+         jaxremat.InfeasibleBudgetError,
+         r"memory_budget=50 \(50 B\) is below the \d+ bytes .* A float in \(0, 1\] is a share "
+         r"of the activations instead"),
+    Case("fit-budget-below-least", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, BELOW_LEAST),
+         jaxremat.InfeasibleBudgetError, rf"no plan fits the step in {BELOW_LEAST} bytes .* the least "
          r"footprint found is \d+ bytes"),
     Case("fit-graph", lambda: jaxremat.fit(SkipAcrossLayers().apply, SkipAcrossLayers().init(
         jax.random.key(0), X), X, 0.5),
@@ -241,7 +270,9 @@ CASES = [
          jaxremat.InvalidChainError, "act_bytes must be non-negative"),
     # The drop-in called with other inputs.
     Case("drop-in-batch-shape", lambda: call_drop_in(batch=jnp.ones((2, 5))),
-         jaxremat.InputMismatchError, r"model fails on a batch of shapes \[\(2, 5\)\]"),
+         jaxremat.InputMismatchError,
+         r"model fails on a batch of shapes and dtypes \[\(2, 5\) float32\] \(the plan was made "
+         r"for \[\(2, 4\) float32\]\)"),
     Case("drop-in-batch-structure", lambda: call_drop_in(batch={"x": X}),
          jaxremat.InputMismatchError, r"batch has structure .*'x'.*but the plan was made for"),
     Case("drop-in-params-dtype",
@@ -283,12 +314,12 @@ def test_the_table_in_docs_lists_every_case_with_its_class():
 def test_budget_error_carries_the_least_budget_that_works():
   model, params, _ = mlp()
   with pytest.raises(jaxremat.InfeasibleBudgetError) as info:
-    apply_mlp(budget_bytes=1000)
+    apply_mlp(budget_bytes=BELOW_LEAST)
   least = info.value.min_feasible_bytes  # XLA-measured: budgets verify by default
   r = jaxremat.apply(model.apply, params, X, budget_bytes=least)
   assert r.verified[r.plan.checkpoints] <= least
   with pytest.raises(jaxremat.InfeasibleBudgetError, match="by jaxremat's prediction") as info:
-    apply_mlp(budget_bytes=1000, verify=False)
+    apply_mlp(budget_bytes=BELOW_LEAST, verify=False)
   r = jaxremat.apply(model.apply, params, X, budget_bytes=info.value.min_feasible_bytes,
                      verify=False)
   assert r.predicted_total_bytes <= info.value.min_feasible_bytes
@@ -298,3 +329,37 @@ def test_argument_errors_are_also_type_errors():
   """Callers that caught TypeError before InvalidArgumentError existed still do."""
   with pytest.raises(TypeError):
     jaxremat.solve("chain")
+
+
+def test_budget_below_what_the_inputs_hold_is_rejected_before_compiling():
+  """The least figure is the bytes of params, batch and gradients, and nothing compiles."""
+  model, params, _ = mlp()
+  with mock.patch("jaxremat._api.apply.trace", side_effect=AssertionError("traced")):
+    with pytest.raises(jaxremat.InfeasibleBudgetError) as info:
+      apply_mlp(budget_bytes=1000)
+  assert info.value.min_feasible_bytes == held_bytes(params, X)
+  with mock.patch("jaxremat._api.fit.trace", side_effect=AssertionError("traced")):
+    with pytest.raises(jaxremat.InfeasibleBudgetError) as info:
+      jaxremat.fit(model.apply, params, X, 50)
+  assert info.value.min_feasible_bytes == held_bytes(params, X)
+
+
+class DropoutMLP(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool):
+    x = nn.relu(nn.Dense(8)(x))
+    x = nn.Dropout(0.5, deterministic=not train)(x)
+    return nn.Dense(8)(x)
+
+
+def test_drop_in_raises_the_models_own_error_for_other_keyword_arguments():
+  """Called without the dropout rng it was planned with, the drop-in raises Flax's own
+  error (its class kept, for callers that catch it), with a note saying what differed."""
+  model = DropoutMLP()
+  params = model.init(jax.random.key(0), X, train=False)
+  r = jaxremat.apply(model.apply, params, X, train=True, rngs={"dropout": jax.random.key(1)},
+                     verify=False)
+  with pytest.raises(flax.errors.InvalidRngError) as info:
+    r.fn(params, X, train=True)
+  assert any("other keyword arguments than the plan was made for" in note
+             for note in getattr(info.value, "__notes__", []))

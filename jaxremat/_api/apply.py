@@ -10,7 +10,7 @@ from jaxremat._api.advice import warn_if_coarse
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
 from jaxremat._api.measure import measure
-from jaxremat._api.planner import Planner, check_budget_method, make_planner
+from jaxremat._api.planner import Planner, check_budget_method, check_holds_inputs, make_planner
 from jaxremat._api.result import Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
@@ -116,6 +116,9 @@ def apply(
   checks.check_arrays("batch", batch)
   checks.check_options(plan, layer_depth)
   budget = checks.check_budget(budget_bytes) if budget_bytes is not None else None
+  if budget is not None:
+    check_holds_inputs(budget, params, batch, model_kwargs, "budget_bytes",
+                       "Raise the budget or shrink the batch.")
   if profile is not None:
     checks.check_profile(profile)
   if budget is not None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import flax.linen as nn
 import jax
+from flax import nnx
 
 from jaxremat._errors import InvalidArgumentError, InvalidBudgetError, UnsupportedModelError
 from jaxremat._jaxpr import compat as _compat
@@ -15,6 +17,14 @@ from jaxremat.solvers._budget import budget_as_int
 
 
 def check_model_fn(model_fn: Callable[..., Any]) -> None:
+  if isinstance(model_fn, nnx.Module):
+    raise InvalidArgumentError(
+        f"model_fn is an nnx module ({type(model_fn).__name__}): plan it with "
+        "jaxremat.apply_nnx(model, batch), which splits its state into params.")
+  if isinstance(model_fn, nn.Module):
+    raise InvalidArgumentError(
+        f"model_fn is a Flax module ({type(model_fn).__name__}), not its apply function: "
+        "call jaxremat.apply(model.apply, params, batch).")
   if not callable(model_fn):
     raise InvalidArgumentError(
         f"model_fn must be callable (e.g. model.apply), got {type(model_fn).__name__}.")

@@ -35,6 +35,11 @@ def input_key(params: Any, batch: Any, kwargs: dict[str, Any]) -> InputKey:
   return avals(params), avals(batch), avals(arrays), kw_tree, static
 
 
+def _avals(key: tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]) -> str:
+  """A tree's leaves as ``[(2, 5) float32, ...]``."""
+  return "[" + ", ".join(f"{shape} {dtype}" for shape, dtype in key[1]) + "]"
+
+
 class DropIn:
   """``fn(params, batch, **kwargs)``: the model run segment by segment under the plan.
 
@@ -72,9 +77,13 @@ class DropIn:
       except JaxrematError:
         raise
       except Exception as err:
-        raise InputMismatchError(
-            f"the model fails on a batch of shapes {[s for s, _ in key[1][1]]} (the plan was "
-            f"made for {[s for s, _ in self._batch_key[1]]}): {type(err).__name__}: {err}") from err
+        if key[1] != self._batch_key:  # another batch: likely the cause, say so
+          raise InputMismatchError(
+              f"the model fails on a batch of shapes and dtypes {_avals(key[1])} (the plan "
+              f"was made for {_avals(self._batch_key)}): {type(err).__name__}: {err}") from err
+        err.add_note("jaxremat: the model raised this when the drop-in traced it for other "
+                     "keyword arguments than the plan was made for (same params and batch).")
+        raise
       names = tuple(layer.name for layer in traced.layers)
       if names != self._names:
         raise InputMismatchError(

@@ -20,7 +20,7 @@ from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
 from jaxremat._api.loss import training_loss
 from jaxremat._api.measure import measure
-from jaxremat._api.planner import ChainPlanner, fmt_bytes, make_planner
+from jaxremat._api.planner import ChainPlanner, check_holds_inputs, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._backends.measure import compile_step
 from jaxremat._backends.policy_options import OptionCosts, group_costs
@@ -173,6 +173,10 @@ def fit(
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
   _check_budget(memory_budget)
+  if not (isinstance(memory_budget, float) and memory_budget <= 1):  # bytes
+    check_holds_inputs(int(memory_budget), params, batch, model_kwargs, "memory_budget",
+                       "A float in (0, 1] is a share of the activations instead "
+                       "(memory_budget=0.5: half of them).")
   resolved = get_target(target)
   timed = _check_time_steps(time_steps, verify, resolved, params, batch)
   clock = Stopwatch()

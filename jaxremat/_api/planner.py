@@ -324,6 +324,21 @@ def fmt_bytes(num_bytes: int) -> str:
   return f"{num_bytes} B"
 
 
+def check_holds_inputs(budget_bytes: int, params: Any, batch: Any, model_kwargs: dict[str, Any],
+                       name: str, hint: str) -> None:
+  """Rejects a budget (bytes) below what every training step holds whatever the plan:
+  parameters, batch, array keyword arguments and parameter gradients. Nothing traced or
+  compiled."""
+  arrays, _, _ = split_kwargs(model_kwargs)
+  held = checks.fixed_bytes(params, batch, arrays)
+  if budget_bytes < held:
+    raise InfeasibleBudgetError(
+        f"{name}={budget_bytes} ({fmt_bytes(budget_bytes)}) is below the {held} bytes "
+        f"({fmt_bytes(held)}) that the parameters, the batch and the parameter gradients "
+        f"hold in every training step, before any activation: no plan fits it. {hint}",
+        budget_bytes=budget_bytes, min_feasible_bytes=held)
+
+
 def _below_least(budget_bytes: int, least: int, fixed_bytes: int) -> InfeasibleBudgetError:
   return InfeasibleBudgetError(
       f"budget_bytes={budget_bytes} ({fmt_bytes(budget_bytes)}) is below the least "
