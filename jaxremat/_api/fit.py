@@ -89,26 +89,27 @@ class Fitted:
   def report(self) -> str:
     """What each group does, the budget, the prediction and XLA's figure, the frontier."""
     names = self.chain.names
-    lines = [f"{'layers':<40}{'option':>22}{'stored':>12}{'transient':>12}{'added ms':>10}"]
+    lines = [f"{'layers':<40}{'option':>22}{'stored':>12}{'transient':>12}{'roofline ms':>12}"]
     for c in self.costs:
       g = c.group
       label = names[g.start] if g.stop - g.start == 1 else f"{names[g.start]} .. {names[g.stop - 1]}"
       lines.append(f"{label[:39]:<40}{g.option.describe():>22}{fmt_bytes(c.stored_bytes):>12}"
-                   f"{fmt_bytes(c.transient_bytes):>12}{c.seconds * 1e3:>10.3f}")
+                   f"{fmt_bytes(c.transient_bytes):>12}{c.seconds * 1e3:>12.3f}")
     lines.append("")
     if self.target:
       lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")
     lines.append(f"budget {fmt_bytes(self.budget_bytes)}; no remat {fmt_bytes(self.no_remat_bytes)}; "
                  f"fixed (params, batch, grads) {fmt_bytes(self.fixed_bytes)}")
-    lines.append(f"predicted footprint {fmt_bytes(self.predicted_total_bytes)}, recompute adds "
-                 f"{self.predicted_seconds * 1e3:.3f} ms per step")
+    lines.append(f"predicted footprint {fmt_bytes(self.predicted_total_bytes)}; recompute "
+                 f"{self.predicted_seconds * 1e3:.3f} ms per step by the roofline (XLA's FLOPs "
+                 "and bytes at the device's peak rates: a ranking, not a step time)")
     if self.measured_total_bytes is not None:
       lines.append(f"XLA-measured footprint {fmt_bytes(self.measured_total_bytes)} "
                    f"({len(self.compiled)} plan(s) compiled)")
     for k, (what, total, seconds) in enumerate(self.timed):
       lines.append(f"{'returned' if k == 0 else 'timed':<9}{what:<34}{fmt_bytes(total):>12}"
                    f"{seconds * 1e3:>10.2f} ms per step (measured)")
-    lines.append("frontier (predicted footprint: added ms): " + ", ".join(
+    lines.append("frontier (predicted footprint: roofline ms): " + ", ".join(
         f"{fmt_bytes(b)}: {s * 1e3:.3f}" for b, s in self.frontier))
     return "\n".join(lines)
 
@@ -257,7 +258,7 @@ def fit(
   if timed:
     assert footprint is not None
     candidates = [("least predicted recompute", chosen, footprint)]
-    candidates += [("fitted while searching", g, got) for g, got in fitting[-2::-1]]
+    candidates += [("another plan that fitted", g, got) for g, got in fitting[-2::-1]]
     within = int((budget * (1 + TIMED_MARGIN) - fixed) / scale)  # in the groups' scale
     for what, groups in alternatives(options, points, search, chosen,
                                       within)[:MAX_TIMED_ALTERNATIVES]:

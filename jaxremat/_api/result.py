@@ -148,9 +148,11 @@ class Remat:
     lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}")
     if self.measured_total_bytes is not None:
       predicted, measured = planner.total_bytes(plan), self.measured_total_bytes
+      off = predicted / measured - 1
       lines.append(f"XLA-measured footprint of the chosen plan: {fmt_bytes(measured)} "
-                   f"(predicted {fmt_bytes(predicted)}, {predicted / measured - 1:+.1%}; "
-                   f"{len(self.verified or {})} plan(s) compiled)")
+                   f"(predicted {fmt_bytes(predicted)}, {abs(off):.1%} "
+                   f"{'below' if off < 0 else 'above'} it; {len(self.verified or {})} plan(s) "
+                   "compiled)")
     for s in self.scans:
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "

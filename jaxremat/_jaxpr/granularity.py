@@ -347,10 +347,12 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree
   whole = []
   for key in kept:
     alike = sum(1 for k in dict.fromkeys(modules) if k != key and _kind(k) == _kind(key))
-    whole.append(f"'{path(key)}'" + (f" and {alike} like it" if alike else ""))
+    others = "the other" if alike == 1 else f"the {alike} others"
+    whole.append(f"'{path(key)}'" + (f" and {others} of its kind" if alike else ""))
   if whole:
-    text += (f"; kept {', '.join(whole)} whole (split, a layer would read a value made two or "
-             "more layers before it)")
+    text += (f"; each of {', '.join(whole)} is one layer, not split into its submodules "
+             "(split, one of them would read a value made two or more layers before it, "
+             "which is not a chain)")
   return text
 
 
