@@ -145,6 +145,9 @@ class Remat:
       lines.append(
           f"{method:<{w}}{len(p.checkpoints):>12}{fmt_bytes(planner.peak_bytes(p)):>16}"
           f"{fmt_bytes(planner.total_bytes(p)):>18}{planner.recompute_flops(p) / 1e9:>18.3f}")
+    if isinstance(planner, ChainPlanner) and planner.replay and planner.replay.plain_bytes:
+      lines.append(f"none, XLA-measured: {fmt_bytes(planner.replay.plain_bytes)} (the "
+                   "compiled profile's step)")
     lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}")
     if self.measured_total_bytes is not None:
       predicted, measured = planner.total_bytes(plan), self.measured_total_bytes
