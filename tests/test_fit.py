@@ -146,7 +146,7 @@ def test_fit_budget_errors():
     jaxremat.fit(model.apply, params, x, "half")
   with pytest.raises(jaxremat.InvalidBudgetError, match="positive"):
     jaxremat.fit(model.apply, params, x, -0.5)
-  with pytest.raises(jaxremat.InfeasibleBudgetError, match="least footprint") as err:
+  with pytest.raises(jaxremat.InfeasibleBudgetError, match="hold in every training step") as err:
     jaxremat.fit(model.apply, params, x, 1024)  # bytes: below the parameters alone
   assert err.value.min_feasible_bytes > 1024
 

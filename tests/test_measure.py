@@ -101,8 +101,11 @@ def test_budget_plan_fits_its_budget_and_infeasible_budget_says_the_least():
                      match=f"least footprint any plan reaches by jaxremat's prediction, {least} bytes") as err:
     jaxremat.apply(model.apply, params, x, budget_bytes=least - 1, verify=False)  # model R alone
   assert err.value.min_feasible_bytes == least
+  with pytest.raises(jaxremat.InfeasibleBudgetError, match="hold in every training step") as err:
+    jaxremat.apply(model.apply, params, x, budget_bytes=r.fixed_bytes - 1)  # nothing compiled
+  assert err.value.min_feasible_bytes == r.fixed_bytes
   with pytest.raises(jaxremat.InfeasibleBudgetError, match="as XLA compiles the step") as err:
-    jaxremat.apply(model.apply, params, x, budget_bytes=r.fixed_bytes - 1)  # below the fixed bytes
+    jaxremat.apply(model.apply, params, x, budget_bytes=r.fixed_bytes + 1)  # no activations
   fitted = jaxremat.apply(model.apply, params, x, budget_bytes=err.value.min_feasible_bytes)
   assert fitted.verified[fitted.plan.checkpoints] <= err.value.min_feasible_bytes
 

@@ -350,9 +350,8 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree
     others = "the other" if alike == 1 else f"the {alike} others"
     whole.append(f"'{path(key)}'" + (f" and {others} of its kind" if alike else ""))
   if whole:
-    text += (f"; each of {', '.join(whole)} is one layer, not split into its submodules "
-             "(split, one of them would read a value made two or more layers before it, "
-             "which is not a chain)")
+    text += (f"; not split into submodules: {', '.join(whole)} (split, one of them would "
+             "read a value made two or more layers before it, which is not a chain)")
   return text
 
 
