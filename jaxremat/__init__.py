@@ -1,6 +1,7 @@
 """jaxremat: optimal gradient checkpointing for JAX and Flax, proved with XLA's statistics."""
 
 from jaxremat._api.advice import CoarseLayersWarning as CoarseLayersWarning
+from jaxremat._api.advice import NoSavingWarning as NoSavingWarning
 from jaxremat._api.apply import apply as apply
 from jaxremat._api.fit import Fitted as Fitted
 from jaxremat._api.fit import fit as fit
@@ -61,6 +62,7 @@ __all__ = (
     "InvalidChainError",
     "InvalidPlanError",
     "JaxrematError",
+    "NoSavingWarning",
     "NotAChainError",
     "Option",
     "Plan",

@@ -15,6 +15,20 @@ LITTLE = 0.10
 DOMINANT = 0.5
 
 
+class NoSavingWarning(UserWarning):
+  """No plan jaxremat compiled is smaller than the model as written, so ``fn`` runs it so."""
+
+
+def warn_as_written(as_written_bytes: int, least_bytes: int) -> None:
+  """Warns (``NoSavingWarning``) that ``apply`` returns the model as written: XLA measured
+  its step at ``as_written_bytes``, the least plan compiled at ``least_bytes``."""
+  warnings.warn(NoSavingWarning(
+      f"jaxremat: no plan compiled below the model as written ({as_written_bytes} bytes by "
+      f"XLA; the least plan {least_bytes}), so r.fn runs the model unchanged. The model may "
+      "already be rematerialised (jax.checkpoint or nn.remat inside it), or its layers too "
+      "coarse: see r.report() and layer_depth."), stacklevel=3)
+
+
 class CoarseLayersWarning(UserWarning):
   """One layer holds most of what the backward pass keeps, so the plan saves little."""
 

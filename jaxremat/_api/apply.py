@@ -6,11 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxremat._api import checks
-from jaxremat._api.advice import warn_if_coarse
+from jaxremat._api.advice import warn_as_written, warn_if_coarse
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
 from jaxremat._api.measure import measure
-from jaxremat._api.planner import Planner, check_budget_method, check_holds_inputs, make_planner
+from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method, check_holds_inputs,
+                                   make_planner)
 from jaxremat._api.result import Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
@@ -137,6 +138,7 @@ def apply(
       return measure(training_loss(drop_in, model_kwargs), params, batch,
                      target=resolved).total_bytes
 
+  written = traced  # the model as written: no checkpoints, its scans as they are
   scans: tuple[ScanPlan, ...] = ()
   if scan_segment is not None and not traced.is_graph:
     segment: int | str | tuple[int, ...] = scan_segment
@@ -157,12 +159,24 @@ def apply(
   chosen = plan is None
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
-  if chosen and method == "optimal":
+  as_written = None
+  if chosen and budget is None and verified:  # compiled: never return worse than no plan
+    if isinstance(planner, ChainPlanner) and planner.replay and planner.replay.plain_bytes:
+      as_written = planner.replay.plain_bytes  # the compiled profile compiled it
+    else:
+      with clock("compile"):
+        as_written = measure(training_loss(model_fn, model_kwargs), params, batch,
+                             target=resolved).total_bytes
+    if as_written <= min(verified.values()):
+      warn_as_written(as_written, min(verified.values()))
+      plan, traced, scans = Plan((), method="as written"), written, ()
+  if chosen and method == "optimal" and plan.method != "as written":
     warn_if_coarse(planner, plan, traced)
   with clock("emit"):
     fn = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
   return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],
                fixed_bytes=planner.fixed_bytes, verified=verified, scans=scans,
+               as_written_bytes=as_written,
                decomposition=traced.decomposition, stage_seconds=dict(clock.seconds),
                target=resolved.name if resolved else None, _planner=planner)
 

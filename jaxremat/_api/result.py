@@ -36,6 +36,10 @@ class Remat:
     target: the GPU target the plan was made for (``apply(target=...)``), else None.
     stage_seconds: wall time of each stage of ``apply`` (seconds): ``trace``,
       ``profile``, ``solve``, ``compile`` (verification and budget fitting) and ``emit``.
+    as_written_bytes: XLA's footprint (bytes) of the training step of the model as
+      written (no checkpoints, its scans as they are), when ``apply`` compiled plans
+      (by default it does); where no plan compiled below it, ``plan`` is
+      ``Plan((), method="as written")`` and ``fn`` runs the model unchanged.
   """
 
   fn: Callable[..., Any]
@@ -48,6 +52,7 @@ class Remat:
   decomposition: str = ""
   target: str | None = None
   stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+  as_written_bytes: int | None = None
   _planner: Planner | None = dataclasses.field(default=None, repr=False)
 
   @property
@@ -82,6 +87,8 @@ class Remat:
   def measured_total_bytes(self) -> int | None:
     """XLA's compiled footprint of the chosen plan's gradient step (bytes), when
     ``apply`` compiled it (by default it does), else None."""
+    if self.plan.method == "as written":
+      return self.as_written_bytes
     return (self.verified or {}).get(self.plan.checkpoints)
 
   def predict_total_bytes(self, plan: Plan) -> int:
@@ -145,16 +152,16 @@ class Remat:
       lines.append(
           f"{method:<{w}}{len(p.checkpoints):>12}{fmt_bytes(planner.peak_bytes(p)):>16}"
           f"{fmt_bytes(planner.total_bytes(p)):>18}{planner.recompute_flops(p) / 1e9:>18.3f}")
-    if isinstance(planner, ChainPlanner) and planner.replay and planner.replay.plain_bytes:
-      lines.append(f"none, XLA-measured: {fmt_bytes(planner.replay.plain_bytes)} (the "
-                   "compiled profile's step)")
+    if self.as_written_bytes is not None:
+      lines.append(f"the model as written (no plan), XLA-measured: "
+                   f"{fmt_bytes(self.as_written_bytes)}")
     lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}")
     if self.measured_total_bytes is not None:
       predicted, measured = planner.total_bytes(plan), self.measured_total_bytes
       off = predicted / measured - 1
       lines.append(f"XLA-measured footprint of the chosen plan: {fmt_bytes(measured)} "
-                   f"(predicted {fmt_bytes(predicted)}, {abs(off):.1%} "
-                   f"{'below' if off < 0 else 'above'} it; {len(self.verified or {})} plan(s) "
+                   f"(predicted {fmt_bytes(predicted)}: {abs(off):.1%} "
+                   f"{'low' if off < 0 else 'high'}; {len(self.verified or {})} plan(s) "
                    "compiled)")
     for s in self.scans:
       lines.append(

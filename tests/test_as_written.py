@@ -1,0 +1,89 @@
+"""apply never returns a plan XLA measures above the model as written."""
+
+import warnings
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxremat
+from jaxremat import zoo
+from jaxremat._api.loss import training_loss
+
+pytestmark = pytest.mark.xla
+
+
+class Block(nn.Module):
+  @nn.compact
+  def __call__(self, x, mask):
+    h = nn.LayerNorm()(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=64)(h, h, mask=mask)
+    return x + nn.Dense(64)(nn.gelu(nn.Dense(256)(nn.LayerNorm()(x)))), None
+
+
+class Encoder(nn.Module):
+  @nn.compact
+  def __call__(self, x, mask):
+    stack = nn.scan(nn.remat(Block), variable_axes={"params": 0}, split_rngs={"params": True},
+                    in_axes=nn.broadcast, length=6)
+    return stack(name="layers")(x, mask)[0]
+
+
+class RematScanNet(nn.Module):
+  """Attention blocks the user already rematerialised, scanned inside an encoder."""
+
+  @nn.compact
+  def __call__(self, x):
+    mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))
+    x = Encoder()(nn.Dense(64)(x), mask)
+    return nn.Dense(10)(x.mean(1))
+
+
+def assert_same_gradients(model_fn, fn, params, x):
+  want = jax.grad(training_loss(model_fn, {}))(params, x)
+  got = jax.grad(training_loss(fn, {}))(params, x)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_no_plan_improves_is_returned_as_written():
+  """One layer: no checkpoint can help, so XLA's figure for the plan is the model's own."""
+  model, x = nn.Dense(64), jnp.ones((32, 16))
+  params = model.init(jax.random.key(0), x)
+  plain = jaxremat.measure(training_loss(model.apply, {}), params, x).total_bytes
+  with pytest.warns(jaxremat.NoSavingWarning, match="runs the model unchanged"):
+    r = jaxremat.apply(model.apply, params, x)
+  assert r.plan.method == "as written" and r.plan.checkpoints == ()
+  assert r.as_written_bytes == r.measured_total_bytes == plain
+  assert_same_gradients(model.apply, r.fn, params, x)
+
+
+def test_a_rematerialised_scan_is_never_made_larger():
+  """A scan of nn.remat blocks, split into segments, compiled above the model as written
+  (a user's trial); whatever apply returns measures at most the model as written."""
+  model, x = RematScanNet(), jax.random.normal(jax.random.key(1), (8, 64, 32))
+  params = model.init(jax.random.key(0), x)
+  plain = jaxremat.measure(training_loss(model.apply, {}), params, x).total_bytes
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    r = jaxremat.apply(model.apply, params, x)
+  assert r.as_written_bytes == plain
+  got = jaxremat.measure(training_loss(r.fn, {}), params, x).total_bytes
+  assert got == r.measured_total_bytes <= plain
+  warned = any(issubclass(w.category, jaxremat.NoSavingWarning) for w in caught)
+  assert warned == (r.plan.method == "as written")
+  assert_same_gradients(model.apply, r.fn, params, x)
+
+
+def test_the_model_as_written_is_measured_beside_the_plan():
+  model = zoo.mlp([64, 64, 64, 64])
+  x = jnp.ones((32, 16))
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x)
+  plain = jaxremat.measure(training_loss(model.apply, {}), params, x).total_bytes
+  assert r.as_written_bytes == plain
+  assert r.measured_total_bytes <= plain
+  assert "the model as written (no plan), XLA-measured" in r.report()
+  assert jaxremat.apply(model.apply, params, x, verify=False).as_written_bytes is None
