@@ -23,8 +23,8 @@ def warn_as_written(as_written_bytes: int, least_bytes: int) -> None:
   """Warns (``NoSavingWarning``) that ``apply`` returns the model as written: XLA measured
   its step at ``as_written_bytes``, the least plan compiled at ``least_bytes``."""
   warnings.warn(NoSavingWarning(
-      f"jaxremat: no plan compiled below the model as written ({as_written_bytes} bytes by "
-      f"XLA; the least plan {least_bytes}), so r.fn runs the model unchanged. The model may "
+      f"jaxremat: the plan did not compile below the model as written ({as_written_bytes} "
+      f"bytes by XLA; the plan {least_bytes}), so r.fn runs the model unchanged. It may "
       "already be rematerialised (jax.checkpoint or nn.remat inside it), or its layers too "
       "coarse: see r.report() and layer_depth."), stacklevel=3)
 

@@ -167,8 +167,9 @@ def apply(
       with clock("compile"):
         as_written = measure(training_loss(model_fn, model_kwargs), params, batch,
                              target=resolved).total_bytes
-    if as_written <= min(verified.values()):
-      warn_as_written(as_written, min(verified.values()))
+    least = verified.get(plan.checkpoints, min(verified.values()))
+    if as_written < least or (as_written == least and (plan.checkpoints or scans)):
+      warn_as_written(as_written, least)  # a plan no smaller than no plan only recomputes
       plan, traced, scans = Plan((), method="as written"), written, ()
   if chosen and method == "optimal" and plan.method != "as written":
     warn_if_coarse(planner, plan, traced)

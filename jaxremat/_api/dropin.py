@@ -88,7 +88,9 @@ class DropIn:
       if names != self._names:
         raise InputMismatchError(
             f"with these inputs the model has layers {list(names)}, but the plan was made "
-            f"for {list(self._names)}; call jaxremat.apply again with these inputs.")
+            f"for {list(self._names)}; call jaxremat.apply again with these inputs, or, to "
+            "evaluate without gradients (train=False), call the model itself: r.fn is for "
+            "the training step.")
       self._cache[key] = (traced, emit(traced, self._plan))
     traced, run = self._cache[key]
     arrays, _, _ = split_kwargs(kwargs)
@@ -97,14 +99,17 @@ class DropIn:
     return jax.tree_util.tree_unflatten(traced.out_tree, run(flat))
 
   def _check(self, key: InputKey) -> None:
-    """Params must match the plan's exactly; the batch may change shapes, not structure."""
+    """Params must have the plan's structure and shapes (dtypes may change: a cast to
+    bfloat16 in the loss); the batch may change shapes, not structure."""
     want, got = self._params_key, key[0]
     if want[0] != got[0]:
       raise InputMismatchError(f"params has structure {got[0]}, but the plan was made for {want[0]}.")
-    diffs = [f"leaf {k}: {g} (expected {w})" for k, (w, g) in enumerate(zip(want[1], got[1])) if w != g]
+    diffs = [f"leaf {k}: shape {g[0]} (expected {w[0]})"
+             for k, (w, g) in enumerate(zip(want[1], got[1])) if w[0] != g[0]]
     if diffs:
       raise InputMismatchError(
-          "params do not match the ones the plan was made for: " + "; ".join(diffs[:5]))
+          "params do not match the shapes the plan was made for: " + "; ".join(diffs[:5]) +
+          ". Plan again with these params (jaxremat.apply).")
     if key[1][0] != self._batch_key[0]:
       raise InputMismatchError(
           f"batch has structure {key[1][0]}, but the plan was made for {self._batch_key[0]}.")
