@@ -96,8 +96,10 @@ def apply(
       budgets) is XLA's GPU compiler's for it (JAX's CUDA plugin is needed:
       ``TargetUnavailableError`` says how to install it). params and batch may be
       ``jax.ShapeDtypeStruct``s; nothing is allocated.
-    **model_kwargs: passed to ``model_fn`` on every call (``rngs=``, ``mutable=``,
-      ``train=``); array leaves are traced, the rest is static.
+    **model_kwargs: the keyword arguments of a training call of ``model_fn`` (``rngs=``,
+      ``mutable=``, ``train=``), with which it is traced and compiled here; array leaves
+      are traced, the rest is static. ``fn`` takes them on every call, as ``model_fn``
+      does: they are not remembered.
 
   Returns:
     A ``Remat`` whose ``fn(params, batch, **model_kwargs)`` equals ``model_fn``. When a
