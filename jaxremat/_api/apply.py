@@ -162,13 +162,12 @@ def apply(
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
   as_written = None
-  if chosen and budget is None and verified:  # compiled: never return worse than no plan
+  # Compiled plans, all of jaxremat's choosing: never return one above the model as written.
+  if chosen and budget is None and verified and scan_segment in ("auto", None):
     if isinstance(planner, ChainPlanner) and planner.replay and planner.replay.plain_bytes:
       as_written = planner.replay.plain_bytes  # the compiled profile compiled it
     else:
-      with clock("compile"):
-        as_written = measure(training_loss(model_fn, model_kwargs), params, batch,
-                             target=resolved).total_bytes
+      as_written = measured(Plan(), written)
     least = verified.get(plan.checkpoints, min(verified.values()))
     if as_written < least or (as_written == least and (plan.checkpoints or scans)):
       warn_as_written(as_written, least)  # a plan no smaller than no plan only recomputes
