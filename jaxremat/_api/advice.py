@@ -16,12 +16,13 @@ DOMINANT = 0.5
 
 
 class NoSavingWarning(UserWarning):
-  """No plan jaxremat compiled is smaller than the model as written, so ``fn`` runs it so."""
+  """The chosen plan compiled no smaller than the model as written (and would recompute for
+  nothing), so ``fn`` runs the model unchanged."""
 
 
 def warn_as_written(as_written_bytes: int, least_bytes: int) -> None:
   """Warns (``NoSavingWarning``) that ``apply`` returns the model as written: XLA measured
-  its step at ``as_written_bytes``, the least plan compiled at ``least_bytes``."""
+  its step at ``as_written_bytes``, the chosen plan's at ``least_bytes``."""
   warnings.warn(NoSavingWarning(
       f"jaxremat: the plan did not compile below the model as written ({as_written_bytes} "
       f"bytes by XLA; the plan {least_bytes}), so r.fn runs the model unchanged. It may "
