@@ -371,3 +371,25 @@ def test_drop_in_takes_params_cast_to_bfloat16():
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     assert a.dtype == b.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2)
+
+
+class MeanHead(nn.Module):
+  """Dense layers, then a mean outside any module: a layer named by its primitives."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Dense(8)(x))
+    x = nn.relu(nn.Dense(8)(x))
+    return nn.Dense(4)(x.mean(0, keepdims=True))
+
+
+def test_drop_in_takes_a_bfloat16_batch_and_params_through_unnamed_layers():
+  """Cast to bfloat16, the mean's layer gains a convert in its name; it is the same layer."""
+  model = MeanHead()
+  params = model.init(jax.random.key(0), X)
+  r = jaxremat.apply(model.apply, params, X, verify=False)
+  cast = jax.tree.map(lambda a: a.astype(jnp.bfloat16), (params, X))
+  want = jax.grad(lambda p: jnp.sum(model.apply(p, cast[1]).astype(jnp.float32) ** 2))(cast[0])
+  got = jax.grad(lambda p: jnp.sum(r.fn(p, cast[1]).astype(jnp.float32) ** 2))(cast[0])
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2)

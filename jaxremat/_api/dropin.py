@@ -40,6 +40,13 @@ def _avals(key: tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]) -> str:
   return "[" + ", ".join(f"{shape} {dtype}" for shape, dtype in key[1]) + "]"
 
 
+def _same_layers(names: tuple[str, ...], planned: tuple[str, ...]) -> bool:
+  """The same layers, one for one: modules by name; work outside any module, named by its
+  primitives (``(reduce_sum,div)``), by place (a cast adds a primitive to its name)."""
+  return len(names) == len(planned) and all(
+      a == b or (a.startswith("(") and b.startswith("(")) for a, b in zip(names, planned))
+
+
 class DropIn:
   """``fn(params, batch, **kwargs)``: the model run segment by segment under the plan.
 
@@ -85,7 +92,7 @@ class DropIn:
                      "keyword arguments than the plan was made for (same params and batch).")
         raise
       names = tuple(layer.name for layer in traced.layers)
-      if names != self._names:
+      if not _same_layers(names, self._names):
         raise InputMismatchError(
             f"with these inputs the model has layers {list(names)}, but the plan was made "
             f"for {list(self._names)}; call jaxremat.apply again with these inputs, or, to "
