@@ -277,7 +277,9 @@ CASES = [
          jaxremat.InputMismatchError, r"batch has structure .*'x'.*but the plan was made for"),
     Case("drop-in-params-shape",
          lambda: call_drop_in(lambda p: mlp()[0].init(jax.random.key(0), jnp.ones((2, 5)))),
-         jaxremat.InputMismatchError, r"params do not match the shapes.*shape \(5, 8\) \(expected \(4, 8\)\).*Plan again"),
+         jaxremat.InputMismatchError,
+         r"params do not match the shapes.*params\['params'\]\['layers_0'\]\['kernel'\]: "
+         r"shape \(5, 8\) \(expected \(4, 8\)\).*Plan again"),
     Case("drop-in-other-layers", other_layers_on_bigger_batch,
          jaxremat.InputMismatchError, r"with these inputs the model has layers .*call jaxremat.apply again"),
     # Reports.

@@ -78,7 +78,7 @@ class DropIn:
   def __call__(self, params: Any, batch: Any, **kwargs: Any) -> Any:
     key = input_key(params, batch, kwargs)
     if key not in self._cache:
-      self._check(key)
+      self._check(key, params)
       try:
         traced = self._trace(params, batch, kwargs)
       except JaxrematError:
@@ -105,14 +105,15 @@ class DropIn:
     warn_if_barriers_dropped(flat)
     return jax.tree_util.tree_unflatten(traced.out_tree, run(flat))
 
-  def _check(self, key: InputKey) -> None:
+  def _check(self, key: InputKey, params: Any) -> None:
     """Params must have the plan's structure and shapes (dtypes may change: a cast to
     bfloat16 in the loss); the batch may change shapes, not structure."""
     want, got = self._params_key, key[0]
     if want[0] != got[0]:
       raise InputMismatchError(f"params has structure {got[0]}, but the plan was made for {want[0]}.")
-    diffs = [f"leaf {k}: shape {g[0]} (expected {w[0]})"
-             for k, (w, g) in enumerate(zip(want[1], got[1])) if w[0] != g[0]]
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    diffs = [f"params{path}: shape {g[0]} (expected {w[0]})"
+             for path, w, g in zip(paths, want[1], got[1]) if w[0] != g[0]]
     if diffs:
       raise InputMismatchError(
           "params do not match the shapes the plan was made for: " + "; ".join(diffs[:5]) +
