@@ -12,7 +12,7 @@ from jaxremat._api.loss import training_loss
 from jaxremat._api.measure import measure
 from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method, check_holds_inputs,
                                    make_planner)
-from jaxremat._api.result import Remat
+from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
 from jaxremat._backends.replay import Replay, compile_replay
@@ -171,8 +171,8 @@ def apply(
     least = verified.get(plan.checkpoints, min(verified.values()))
     if as_written < least or (as_written == least and (plan.checkpoints or scans)):
       warn_as_written(as_written, least)  # a plan no smaller than no plan only recomputes
-      plan, traced, scans = Plan((), method="as written"), written, ()
-  if chosen and method == "optimal" and plan.method != "as written":
+      plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
+  if chosen and method == "optimal" and plan.method != AS_WRITTEN:
     warn_if_coarse(planner, plan, traced)
   with clock("emit"):
     fn = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))

@@ -174,7 +174,7 @@ def fit(
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
   _check_budget(memory_budget)
-  if not (isinstance(memory_budget, float) and memory_budget <= 1):  # bytes
+  if not _is_share(memory_budget):  # bytes
     check_holds_inputs(int(memory_budget), params, batch, model_kwargs, "memory_budget",
                        "A float in (0, 1] is a share of the activations instead "
                        "(memory_budget=0.5: half of them).")
@@ -311,10 +311,15 @@ def _check_budget(memory_budget: object) -> None:
         f"of bytes, got {memory_budget!r}.")
 
 
+def _is_share(memory_budget: float | int) -> bool:
+  """A float in (0, 1] is a share of the activations; an int or a larger float, bytes."""
+  return isinstance(memory_budget, float) and memory_budget <= 1
+
+
 def _budget_bytes(memory_budget: float | int, fixed: int, no_remat: int) -> int:
   """The budget in bytes: a float in (0, 1] is that share of the activations above
   the fixed bytes."""
-  if isinstance(memory_budget, float) and memory_budget <= 1:
+  if _is_share(memory_budget):
     return int(fixed + memory_budget * max(no_remat - fixed, 0))
   return int(memory_budget)
 

@@ -15,6 +15,10 @@ from jaxremat._model.graph import GraphChain
 from jaxremat.solvers import solve
 
 
+#: ``Plan.method`` of the plan ``apply`` returns when it runs the model as written.
+AS_WRITTEN = "as written"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Remat:
   """The result of ``jaxremat.apply``.
@@ -87,7 +91,7 @@ class Remat:
   def measured_total_bytes(self) -> int | None:
     """XLA's compiled footprint of the chosen plan's gradient step (bytes), when
     ``apply`` compiled it (by default it does), else None."""
-    if self.plan.method == "as written":
+    if self.plan.method == AS_WRITTEN:
       return self.as_written_bytes
     return (self.verified or {}).get(self.plan.checkpoints)
 
