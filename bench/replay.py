@@ -20,7 +20,7 @@ import sys
 import time
 
 import jaxremat
-from jaxremat._api.loss import training_loss
+from jaxremat._api.loss import training_loss_with_arrays
 from jaxremat._backends.replay import Replay, compile_replay
 from jaxremat._backends.targets import get_target
 from jaxremat._jaxpr.trace import trace
@@ -37,8 +37,9 @@ def plain_replay(fn, params, x, kwargs, target: str | None = None
   and ``apply``'s result (its estimate)."""
   r = jaxremat.apply(fn, params, x, verify=False, target=target, profile="jaxpr", **kwargs)
   traced = trace(fn, params, x, kwargs, None)
-  return compile_replay(traced, training_loss(fn, kwargs), params, x, r.chain.act_bytes,
-                        get_target(target)), r
+  loss, arrays = training_loss_with_arrays(fn, kwargs)
+  return compile_replay(traced, loss, params, x, r.chain.act_bytes, get_target(target),
+                        arrays), r
 
 
 def main() -> int:

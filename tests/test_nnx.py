@@ -167,6 +167,33 @@ def test_dropout_masks_and_rng_counts_as_without_remat():
   assert counts and all(int(c) == 1 for c in counts)  # each Dropout drew once
 
 
+@pytest.mark.parametrize("build", [_batchnorm_mlp, _dropout_mlp])
+def test_compiled_profile_takes_the_state_as_arguments(build):
+  """The compiled profile's compile of the plain step gets the model's other state
+  (BatchNorm statistics, Dropout's rng counts) as arguments of the step, as the jaxpr
+  trace does: the plan's gradients and state updates are the plain model's."""
+  r, _ = _check_same_as_plain(build(), jax.random.normal(jax.random.key(1), (32, 8)),
+                              profile="compiled")
+  assert r.profile == "compiled"
+
+
+def test_abstract_model_with_batch_statistics():
+  """An nnx.eval_shape model (nothing allocated) with BatchNorm plans as the concrete one
+  does, and its r.fn runs the concrete model as the plain call."""
+  x = jax.random.normal(jax.random.key(1), (32, 8)) + 3.0
+  abstract = nnx.eval_shape(_batchnorm_mlp)
+  r = jaxremat.apply_nnx(abstract, jax.ShapeDtypeStruct(x.shape, x.dtype))
+  concrete = jaxremat.apply_nnx(_batchnorm_mlp(), x)
+  assert r.plan == concrete.plan
+  assert r.measured_total_bytes == concrete.measured_total_bytes
+  model = _batchnorm_mlp()
+  loss, grads, after = _step(model, lambda m, b: m(b), x)
+  loss_r, grads_r, after_r = _step(model, r.fn, x)
+  np.testing.assert_allclose(loss_r, loss, rtol=1e-6)
+  _assert_trees_close(grads_r, grads)
+  _assert_trees_close(nnx.state(after_r), nnx.state(after))
+
+
 def test_pre_ln_transformer_stack():
   model = TinyLM()
   tokens = jax.random.randint(jax.random.key(1), (4, 16), 0, 11)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxremat
 from jaxremat import zoo
@@ -203,6 +204,25 @@ def test_apply_plans_for_the_target_from_abstract_inputs():
   assert r.predict_total_bytes(jaxremat.Plan()) == plain.total_bytes
   assert jaxremat.apply(model.apply, params, x, target="h100", profile="jaxpr",
                         verify=False).profile == "jaxpr"
+
+
+@needs_plugin
+def test_apply_nnx_plans_an_abstract_model_with_state_for_the_target():
+  """An nnx model with BatchNorm and Dropout, abstract (nnx.eval_shape): its statistics
+  and rng counts are arguments of the GPU compiles, and the confirmed footprint is
+  measure(target=)'s of the plan."""
+  def build():
+    rngs = nnx.Rngs(0, dropout=1)
+    return nnx.Sequential(
+        nnx.Linear(64, 256, rngs=rngs), nnx.BatchNorm(256, rngs=rngs), nnx.relu,
+        nnx.Dropout(0.1, rngs=rngs), nnx.Linear(256, 256, rngs=rngs), nnx.relu,
+        nnx.Linear(256, 10, rngs=rngs))
+  model = nnx.eval_shape(build)
+  x = jax.ShapeDtypeStruct((512, 64), jnp.float32)
+  r = jaxremat.apply_nnx(model, x, target="h100")
+  assert r.profile == "compiled" and r.measured_total_bytes
+  loss = lambda m, b: jnp.mean(jnp.square(r.fn(m, b)))  # noqa: E731
+  assert jaxremat.measure(loss, model, x, target="h100").total_bytes == r.measured_total_bytes
 
 
 @needs_plugin

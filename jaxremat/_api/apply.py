@@ -8,7 +8,7 @@ from typing import Any
 from jaxremat._api import checks
 from jaxremat._api.advice import warn_as_written, warn_if_coarse
 from jaxremat._api.dropin import DropIn, input_key
-from jaxremat._api.loss import training_loss
+from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
 from jaxremat._api.measure import measure
 from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method, check_holds_inputs,
                                    make_planner)
@@ -137,7 +137,8 @@ def apply(
   def measured(plan: Plan, traced: TracedChain = traced, scans: tuple[ScanPlan, ...] = ()) -> int:
     with clock("compile"):
       drop_in = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
-      return measure(training_loss(drop_in, model_kwargs), params, batch,
+      loss, arrays = training_loss_with_arrays(drop_in, model_kwargs)
+      return measure(batch_with_arrays(loss), params, (batch, arrays),
                      target=resolved).total_bytes
 
   written = traced  # the model as written: no checkpoints, its scans as they are
@@ -149,8 +150,8 @@ def apply(
     traced, scans = _scan.rewrite(traced, segment)
 
   def compiled(act_bytes: tuple[int, ...]) -> Replay:  # the compiled profile
-    return compile_replay(traced, training_loss(model_fn, model_kwargs), params, batch,
-                          act_bytes, resolved)
+    loss, arrays = training_loss_with_arrays(model_fn, model_kwargs)
+    return compile_replay(traced, loss, params, batch, act_bytes, resolved, arrays)
 
   replayed = (profile or ("compiled" if resolved else "jaxpr")) == "compiled"
   with clock("profile"):

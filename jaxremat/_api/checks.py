@@ -42,7 +42,7 @@ def check_arrays(what: str, tree: Any) -> None:
         "jax.ShapeDtypeStructs (e.g. jax.eval_shape(model.init, key, x)), and use r.fn "
         "inside the jitted step.")
   bad = [(jax.tree_util.keystr(p), type(x).__name__) for p, x in leaves
-         if not (is_array_leaf(x) or isinstance(x, jax.ShapeDtypeStruct))]
+         if not is_array_leaf(x)]
   if bad:
     shown = ", ".join(f"{what}{path} is a {kind}" for path, kind in bad[:5])
     raise InvalidArgumentError(

@@ -18,7 +18,7 @@ import jax
 from jaxremat._api import checks
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
-from jaxremat._api.loss import training_loss
+from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
 from jaxremat._api.measure import measure
 from jaxremat._api.planner import ChainPlanner, check_holds_inputs, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
@@ -34,7 +34,7 @@ from jaxremat._errors import (
   InvalidBudgetError,
   NotAChainError,
 )
-from jaxremat._jaxpr.trace import trace
+from jaxremat._jaxpr.trace import split_kwargs, trace
 from jaxremat._model.chain import Chain, Plan
 from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, peak_bytes
 from jaxremat.solvers._policy import as_plan, policy_frontier
@@ -188,21 +188,24 @@ def fit(
     raise NotAChainError(f"{traced.not_a_chain} jaxremat.fit plans chains of layers; plan "
                          "this model with jaxremat.apply (budget_bytes=) instead.")
   key = input_key(params, batch, model_kwargs)
+  arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
 
   steps: dict[PolicyPlan, Any] = {}  # compiled steps kept to time them
 
   def measured(plan: Plan | PolicyPlan) -> int:
     with clock("compile"):
-      loss = training_loss(DropIn(model_fn, plan, layer_depth, traced, key), model_kwargs)
+      loss, _ = training_loss_with_arrays(
+          DropIn(model_fn, plan, layer_depth, traced, key), model_kwargs)
       if not (timed and isinstance(plan, PolicyPlan)):
-        return measure(loss, params, batch, target=resolved).total_bytes
-      footprint, steps[plan] = compile_step(jax.grad(loss), params, batch)
+        return measure(batch_with_arrays(loss), params, (batch, arrays),
+                       target=resolved).total_bytes
+      footprint, steps[plan] = compile_step(jax.grad(loss), params, batch, arrays)
       return footprint.total_bytes
 
   def replay(act_bytes: tuple[int, ...]) -> Replay:  # a GPU target's compiled profile
     assert resolved is not None
-    return compile_replay(traced, training_loss(model_fn, model_kwargs), params, batch,
-                          act_bytes, resolved)
+    return compile_replay(traced, training_loss_with_arrays(model_fn, model_kwargs)[0],
+                          params, batch, act_bytes, resolved, arrays)
 
   with clock("profile"):  # as apply: the layer-boundary plans predicted alike
     planner = make_planner(traced, (), params, batch, model_kwargs, False,
@@ -268,7 +271,7 @@ def fit(
         candidates.append((what, groups, got))
     with clock("time"):
       seconds = best_step_seconds([steps[as_plan(g)] for _, g, _ in candidates],
-                                  (params, batch))
+                                  (params, batch, arrays))
     order = sorted(range(len(candidates)), key=seconds.__getitem__)
     timings = [(candidates[k][0], candidates[k][2], seconds[k]) for k in order]
     _, chosen, footprint = candidates[order[0]]

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr.trace import merge_kwargs, split_kwargs
 
 
 def training_loss(fn: Callable[..., Any], model_kwargs: Mapping[str, Any]) -> Callable[..., Any]:
@@ -26,3 +27,22 @@ def training_loss(fn: Callable[..., Any], model_kwargs: Mapping[str, Any]) -> Ca
     return sum(jnp.mean(jnp.square(x.astype(jnp.float32)))
                for x in leaves if _compat.is_float(x))
   return loss
+
+
+def training_loss_with_arrays(fn: Callable[..., Any], model_kwargs: Mapping[str, Any]
+                              ) -> tuple[Callable[..., Any], list[Any]]:
+  """``(loss(params, batch, arrays), arrays)``: ``training_loss`` with the array leaves
+  of ``model_kwargs`` as its third argument, so that a compiled step takes them as
+  arguments, not constants: an nnx model's state cannot be closed over by a trace (its
+  variables belong to the caller's), and a ``jax.ShapeDtypeStruct`` has no value."""
+  arrays, treedef, static = split_kwargs(dict(model_kwargs))
+
+  def loss(params: Any, batch: Any, arrays: Any) -> jax.Array | int:
+    return training_loss(fn, merge_kwargs(arrays, treedef, static))(params, batch)
+  return loss, arrays
+
+
+def batch_with_arrays(loss: Callable[..., Any]) -> Callable[[Any, Any], Any]:
+  """``loss(params, batch, arrays)`` as ``loss(params, (batch, arrays))``: the form
+  ``jaxremat.measure`` compiles."""
+  return lambda params, inputs: loss(params, *inputs)

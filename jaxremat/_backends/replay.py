@@ -179,15 +179,18 @@ class Replay:
 
 
 def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any], Any], params: Any,
-                   batch: Any, act_bytes: Sequence[int], target: Target | None = None) -> Replay:
+                   batch: Any, act_bytes: Sequence[int], target: Target | None = None,
+                   arrays: Any = ()) -> Replay:
   """Compiles ``jax.grad(loss_fn)`` once (for ``target``, deviceless, when given; else on
   the local backend) with an XLA dump, and reads its ``Replay``; ``traced`` gives the
-  layers' names, ``act_bytes`` the chain's activation bytes."""
+  layers' names, ``act_bytes`` the chain's activation bytes. ``loss_fn(params, batch,
+  arrays)``: ``arrays`` (the model's array kwargs) are arguments of the step."""
   with tempfile.TemporaryDirectory() as out:
     options = {"xla_dump_to": out}
     step = jax.grad(loss_fn)
-    footprint = (target_footprint(step, (params, batch), target, options) if target
-                 else compile_footprint(step, params, batch, compiler_options=options))
+    args = (params, batch, arrays)
+    footprint = (target_footprint(step, args, target, options) if target
+                 else compile_footprint(step, *args, compiler_options=options))
     found = read_dump(out, footprint.temp_bytes)
   gpu = target is not None or jax.default_backend() != "cpu"
   replay = replay_of(found, traced, act_bytes, footprint.total_bytes - footprint.temp_bytes,

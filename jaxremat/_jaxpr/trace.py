@@ -64,7 +64,8 @@ class TracedChain:
 
 
 def is_array_leaf(x: Any) -> bool:
-  return isinstance(x, (jax.Array, np.ndarray, np.generic))
+  """An array (traced when the model is), or a ``jax.ShapeDtypeStruct`` standing for one."""
+  return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
 
 
 def split_kwargs(kwargs: dict[str, Any]) -> tuple[list[Any], Any, tuple[Any, ...]]:
