@@ -48,15 +48,33 @@ def assert_same_gradients(model_fn, fn, params, x):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_plan_that_is_the_model_as_written_is_kept_without_a_warning():
-  """One layer: the plan has no checkpoint, so it is the model as written (pytest turns
-  a warning into an error)."""
+def test_one_layer_is_the_model_as_written_and_says_why():
+  """One layer: the plan has no checkpoint, so it is the model as written; apply says
+  the model is one layer (and only that)."""
   model, x = nn.Dense(64), jnp.ones((32, 16))
   params = model.init(jax.random.key(0), x)
   plain = jaxremat.measure(training_loss(model.apply, {}), params, x).total_bytes
-  r = jaxremat.apply(model.apply, params, x)
+  with pytest.warns(jaxremat.NoSavingWarning, match="one layer") as caught:
+    r = jaxremat.apply(model.apply, params, x)
+  assert len(caught) == 1 and "apply_nnx" not in str(caught[0].message)
   assert r.plan.checkpoints == () and r.plan.method != "as written"
   assert r.as_written_bytes == r.measured_total_bytes == plain
+
+
+def test_a_trace_without_module_names_points_to_apply_nnx():
+  """An nnx model merged inside a plain function leaves no module names in the trace:
+  one layer, and the warning (and fit's error) name the way that finds its layers."""
+  from flax import nnx  # noqa: PLC0415
+
+  model = nnx.Sequential(*[nnx.Linear(16, 16, rngs=nnx.Rngs(i)) for i in range(4)])
+  graphdef, params = nnx.split(model)
+  fn = lambda p, x: nnx.merge(graphdef, p)(x)  # noqa: E731
+  x = jnp.ones((32, 16))
+  with pytest.warns(jaxremat.NoSavingWarning, match="apply_nnx"):
+    r = jaxremat.apply(fn, params, x)
+  assert r.chain.n == 1 and "no module" in r.decomposition
+  with pytest.raises(jaxremat.InfeasibleBudgetError, match="apply_nnx"):
+    jaxremat.fit(fn, params, x, 1e-6)
 
 
 def test_a_rematerialised_scan_is_never_made_larger():

@@ -30,6 +30,32 @@ def warn_as_written(as_written_bytes: int, least_bytes: int) -> None:
       "coarse: see r.report() and layer_depth."), stacklevel=3)
 
 
+def one_layer_hint(traced: TracedChain) -> str:
+  """Why the model traced as one layer and what gives it more, in a sentence ("" when it
+  has more than one layer)."""
+  if len(traced.layers) != 1:
+    return ""
+  named = any(_compat.name_stack(e) for e in traced.layers[0].eqns)
+  return (
+      f"The model traced as one layer ({traced.layers[0].name!r}), and checkpoints go "
+      "between layers. " + (
+          ("Pass layer_depth= to plan its submodules as layers."
+           if _has_submodules(traced.layers[0]) else "It has no submodules to plan.")
+          if named else
+          "Layers are the modules named in the trace (Flax linen modules, jax.named_scope) "
+          "and this trace names none: for a flax.nnx model call "
+          "jaxremat.apply_nnx(model, batch), which names its modules; else run each block "
+          "under jax.named_scope."))
+
+
+def warn_one_layer(traced: TracedChain) -> None:
+  """Warns (``NoSavingWarning``) that the model is one layer, so ``fn`` runs it unchanged."""
+  hint = one_layer_hint(traced)
+  if hint:
+    warnings.warn(NoSavingWarning(f"jaxremat: r.fn runs the model unchanged. {hint}"),
+                  stacklevel=3)
+
+
 class CoarseLayersWarning(UserWarning):
   """One layer holds most of what the backward pass keeps, so the plan saves little."""
 

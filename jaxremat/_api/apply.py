@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxremat._api import checks
-from jaxremat._api.advice import warn_as_written, warn_if_coarse
+from jaxremat._api.advice import warn_as_written, warn_if_coarse, warn_one_layer
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
 from jaxremat._api.measure import measure
@@ -173,6 +173,8 @@ def apply(
     if as_written < least or (as_written == least and (plan.checkpoints or scans)):
       warn_as_written(as_written, least)  # a plan no smaller than no plan only recomputes
       plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
+  if chosen and not scans and plan.method != AS_WRITTEN:
+    warn_one_layer(traced)
   if chosen and method == "optimal" and plan.method != AS_WRITTEN:
     warn_if_coarse(planner, plan, traced)
   with clock("emit"):

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 
 from jaxremat._api import checks
+from jaxremat._api.advice import one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
 from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
@@ -34,7 +35,7 @@ from jaxremat._errors import (
   InvalidBudgetError,
   NotAChainError,
 )
-from jaxremat._jaxpr.trace import split_kwargs, trace
+from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Chain, Plan
 from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, peak_bytes
 from jaxremat.solvers._policy import as_plan, policy_frontier
@@ -255,8 +256,8 @@ def fit(
       chosen, footprint = fitting[-1]
   if chosen is None:
     if not compiled:
-      raise _infeasible(budget, fixed + round(scale * search.least), "predicted")
-    raise _infeasible(budget, min(compiled), "XLA-measured, of the plans compiled")
+      raise _infeasible(budget, fixed + round(scale * search.least), "predicted", traced)
+    raise _infeasible(budget, min(compiled), "XLA-measured, of the plans compiled", traced)
   timings: list[tuple[str, int, float]] = []
   if timed:
     assert footprint is not None
@@ -327,8 +328,10 @@ def _budget_bytes(memory_budget: float | int, fixed: int, no_remat: int) -> int:
   return int(memory_budget)
 
 
-def _infeasible(budget: int, least: int, how: str) -> InfeasibleBudgetError:
+def _infeasible(budget: int, least: int, how: str, traced: TracedChain) -> InfeasibleBudgetError:
+  hint = one_layer_hint(traced)
   return InfeasibleBudgetError(
       f"no plan fits the step in {budget} bytes ({fmt_bytes(budget)}); the least footprint "
       f"found is {least} bytes ({fmt_bytes(least)}, {how}). Raise the budget to at least "
-      "that, or use a smaller batch.", budget_bytes=budget, min_feasible_bytes=least)
+      "that, or use a smaller batch." + (f" {hint}" if hint else ""), budget_bytes=budget,
+      min_feasible_bytes=least)

@@ -336,7 +336,9 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree
   def path(key: Key) -> str:
     return "/".join(key[depth:])
 
-  if not split:
+  if not modules:
+    text = f"no module in the trace's name stacks ({layers} layer(s) of work outside any)"
+  elif not split:
     text = f"the root module's children ({layers} layers)"
   else:
     depths = {len(k) for k in modules}
