@@ -53,8 +53,11 @@ def test_plain_jit_on_cpu_warns_and_jaxremat_jit_keeps_remat(monkeypatch):
   step = jax.grad(_loss(r.fn))
   with pytest.warns(jaxremat.RematUndoneWarning, match="jaxremat.jit"):
     jax.jit(step).lower(params, X)
+  with pytest.warns(jaxremat.RematUndoneWarning):  # the jit outside the grad is seen
+    jax.jit(jax.vmap(step, in_axes=(None, 0))).lower(params, X[None])
   with warnings.catch_warnings():
     warnings.simplefilter("error")
+    step(params, X)  # an eager grad compiles no step: nothing to warn about
     compiled = jaxremat.jit(step).lower(params, X).compile()
   stats = compiled.memory_analysis()
   total = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes

@@ -227,3 +227,39 @@ def test_scan_over_batch_data_is_left_alone():
   r = jaxremat.apply(rnn, w, xs)
   assert r.scans == ()
   _close(jax.grad(_loss(rnn))(w, xs), jax.grad(_loss(r.fn))(w, xs))
+
+
+class DropoutBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    h = nn.Dropout(0.1)(nn.gelu(nn.Dense(32)(x)), deterministic=False)
+    return x + nn.Dense(x.shape[-1])(h), None
+
+
+class DropoutStack(nn.Module):
+  """nn.scan splitting the dropout rngs: its trace clones the key (random_clone)."""
+
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(DropoutBlock, variable_axes={"params": 0},
+                    split_rngs={"params": True, "dropout": True}, length=4)
+    x, _ = stack(name="layers")(nn.Dense(16)(x), None)
+    return nn.Dense(4)(x)
+
+
+def test_every_plan_over_a_scan_with_dropout_differentiates_as_plain():
+  """A segment that draws random bits is tied to its activation through a barrier; the
+  rng key it clones must keep a zero derivative there (a user's trial: Plan((1,))
+  raised "Differentiation rule for 'random_clone' not implemented")."""
+  model, x = DropoutStack(), jax.random.normal(KEY, (32, 8))
+  params = model.init({"params": KEY, "dropout": jax.random.key(1)}, x)
+  rngs = {"dropout": jax.random.key(2)}
+  fn = lambda p, b: model.apply(p, b, rngs=rngs)  # noqa: E731
+  want = jax.jit(jax.value_and_grad(_loss(fn)))(params, x)
+  r = jaxremat.apply(model.apply, params, x, verify=False, rngs=rngs)
+  for k in range(1, r.chain.n):
+    plan = jaxremat.apply(model.apply, params, x, plan=jaxremat.Plan((k,)), verify=False,
+                          rngs=rngs)
+    got = jaxremat.jit(jax.value_and_grad(_loss(lambda p, b: plan.fn(p, b, rngs=rngs))))(
+        params, x)
+    _close(want, got)

@@ -32,8 +32,9 @@ def warn_as_written(as_written_bytes: int, least_bytes: int) -> None:
 
 def one_layer_hint(traced: TracedChain) -> str:
   """Why the model traced as one layer and what gives it more, in a sentence ("" when it
-  has more than one layer)."""
-  if len(traced.layers) != 1:
+  has more than one layer, or its one layer is a scan: that one is segmented unless
+  ``scan_segment=None`` says not to)."""
+  if len(traced.layers) != 1 or any(e.primitive.name == "scan" for e in traced.layers[0].eqns):
     return ""
   named = any(_compat.name_stack(e) for e in traced.layers[0].eqns)
   return (

@@ -173,7 +173,7 @@ def apply(
     if as_written < least or (as_written == least and (plan.checkpoints or scans)):
       warn_as_written(as_written, least)  # a plan no smaller than no plan only recomputes
       plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
-  if chosen and not scans and plan.method != AS_WRITTEN:
+  if chosen and method != "none" and not scans and plan.method != AS_WRITTEN:
     warn_one_layer(traced)
   if chosen and method == "optimal" and plan.method != AS_WRITTEN:
     warn_if_coarse(planner, plan, traced)

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from jaxremat._backends.barriers import barrier_options, barriers_kept, keeping_barriers
+from jaxremat._jaxpr import compat as _compat
 
 
 class RematUndoneWarning(UserWarning):
@@ -49,7 +50,7 @@ def warn_if_barriers_dropped(traced_inputs: list[Any]) -> None:
   """Warns (``RematUndoneWarning``) when a drop-in is traced on CPU outside ``jaxremat.jit``
   (or ``jaxremat.measure``) and without the process-wide flag: a ``jax.jit`` compile of it
   would run without remat."""
-  tracing = any(isinstance(x, jax.core.Tracer) for x in traced_inputs)
+  tracing = any(_compat.is_staged(x) for x in traced_inputs)  # eager grad: no compile
   if tracing and not barriers_kept():
     warnings.warn(RematUndoneWarning(
         "jaxremat: this rematerialised function is traced for a CPU compile that is not "

@@ -275,3 +275,17 @@ def is_float(aval: Any) -> bool:
   """True when values of this aval get real-valued cotangents."""
   dtype = getattr(aval, "dtype", None)
   return dtype is not None and jax.dtypes.issubdtype(dtype, jax.numpy.inexact)
+
+
+def is_staged(x: Any) -> bool:
+  """Whether ``x`` is traced for a compile (``jax.jit``, ``make_jaxpr``), under any
+  transformations: False for an eager ``jax.grad`` or ``vmap`` of concrete values. A
+  tracer of an unknown kind counts as staged."""
+  while isinstance(x, jax.core.Tracer):
+    if type(x).__name__ == "DynamicJaxprTracer":
+      return True
+    inner = getattr(x, "primal", getattr(x, "val", x))  # JVP/linearize, batch tracers
+    if inner is x:
+      return True
+    x = inner
+  return False

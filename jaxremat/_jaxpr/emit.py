@@ -63,7 +63,11 @@ def _tied(fn: Callable[..., Any], eqns: Sequence[Any], in_vars: list,
 
   Random bits depend on a key alone, so XLA's scheduler may draw every layer's bits at
   the start of the step and hold them all (dropout: the bits of every block at once).
-  Tied to the segment's activation, a segment's bits are drawn when it runs.
+  Tied to the segment's activation, a segment's bits are drawn when it runs. A typed key
+  goes through the barrier as its key data, wrapped again after it: the barrier's
+  derivative makes its operands' tangents concrete, and some key primitives have no
+  derivative rule (``random_clone``, which ``nn.scan`` applies to its rngs); wrapping
+  makes the key's tangent a symbolic zero again.
   """
   if not _compat.draws_random_bits(eqns):
     return fn
@@ -72,11 +76,28 @@ def _tied(fn: Callable[..., Any], eqns: Sequence[Any], in_vars: list,
 
   def tied(*args: Any) -> Any:
     values = list(args)
-    for k, value in zip(tie, jax.lax.optimization_barrier([values[k] for k in tie])):
-      values[k] = value
+    barred = jax.lax.optimization_barrier([_key_data(values[k]) for k in tie])
+    for k, value in zip(tie, barred):
+      values[k] = _like(value, args[k])
     return fn(*values)
 
   return tied
+
+
+def _is_key(x: Any) -> bool:
+  return jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
+
+
+def _key_data(x: Any) -> Any:
+  """A typed key's data (uint32), else ``x``."""
+  return jax.random.key_data(x) if _is_key(x) else x
+
+
+def _like(value: Any, original: Any) -> Any:
+  """``value`` (from ``_key_data(original)``) as ``original``'s type: a key wrapped again."""
+  if not _is_key(original):
+    return value
+  return jax.random.wrap_key_data(value, impl=jax.random.key_impl(original))
 
 
 def _segment_inputs(layers: Sequence[Any]) -> list:
