@@ -473,7 +473,7 @@ def build(name: str, size: str = "test") -> Case:
   if name == "scan-lm":
     return Case(name, lambda remat: ScannedLM(vocab, d, s["scan_depth"], 4, 4 * d, remat=remat),
                 tokens,
-                {}, ("decoder/(scan)",))
+                {}, ("decoder/layers",))
   if name.startswith("minigpt"):
     container = name.split("-")[1]
 

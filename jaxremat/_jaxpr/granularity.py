@@ -11,6 +11,7 @@ become the layers, wherever they sit.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -65,7 +66,7 @@ def group(eqns: Sequence[Any], layer_depth: int) -> list[Group]:
 
 
 def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
-              param_vars: Sequence[Any]) -> Decomposition:
+              param_vars: Sequence[Any], outvars: Sequence[Any] = ()) -> Decomposition:
   """The layers that serve remat best: the root's children, split where they are large.
 
   A module is split into its children (its child modules; its own equations between
@@ -83,6 +84,8 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     batch_vars: the batch's values (they vary; activation bytes are counted from them).
     param_vars: the parameters' values (what depends on them is an activation, never
       hoisted as a batch-only value).
+    outvars: the model's outputs (work that only they read joins its inputs' layer:
+      ``attach_output_work``).
   """
   stacks = [_compat.name_stack(e) for e in eqns]
   depth = base_depth(stacks)
@@ -95,7 +98,9 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     groups = _named(keyed, depth, prefix_outside=True)
     prelude, groups, hoisted = _hoisted(groups, invariant, batch_vars, param_vars,
                                         HOIST_SHARE * total)
-    chain = first_skip(groups, invariant | {v for e in prelude for v in e.outvars}) is None
+    known = invariant | {v for e in prelude for v in e.outvars}
+    groups = attach_output_work(groups, known, outvars)
+    chain = first_skip(groups, known) is None
     modules = [key for key, _ in keyed if key[0]]
     return Decomposition(tuple(prelude), tuple(groups), chain, _hoist_note(hoisted)), modules
 
@@ -228,7 +233,8 @@ def _named(keyed: list[tuple[Key, list]], drop: int, prefix_outside: bool) -> li
   for key, eqns in keyed:
     if key[0] == "":
       prims = list(dict.fromkeys(_eqn_label(e) for e in eqns))
-      name = "(" + ",".join(prims[:3]) + (",..." if len(prims) > 3 else "") + ")"
+      name = _scanned_module(eqns) or (
+          "(" + ",".join(prims[:3]) + (",..." if len(prims) > 3 else "") + ")")
       where = "/".join(key[1 + drop:]) if prefix_outside else ""
       name = f"{where}/{name}" if where else name
     else:
@@ -236,6 +242,18 @@ def _named(keyed: list[tuple[Key, list]], drop: int, prefix_outside: bool) -> li
     seen[name] = seen.get(name, 0) + 1
     named.append((name if seen[name] == 1 else f"{name}#{seen[name]}", eqns))
   return named
+
+
+def _scanned_module(eqns: Sequence[Any]) -> str | None:
+  """The module a scan among ``eqns`` runs (``nn.scan(Block)(name="layers")``: its body's
+  name stacks start at ``layers``), when its body runs one; else None."""
+  for eqn in eqns:
+    if eqn.primitive.name == "scan":
+      firsts = {stack[0] for e in eqn.params["jaxpr"].jaxpr.eqns
+                if (stack := _compat.name_stack(e))}
+      if len(firsts) == 1:
+        return firsts.pop()
+  return None
 
 
 def _eqn_label(eqn: Any) -> str:
@@ -311,6 +329,48 @@ def _moved(groups: list[Group], values: set, origin: dict[Any, int]) -> tuple[li
   prelude = [e for _, g in groups for e in g if id(e) in hoisted_ids]
   rest = [(name, [e for e in g if id(e) not in hoisted_ids]) for name, g in groups]
   return prelude, rest
+
+
+def attach_output_work(groups: list[Group], invariant: set, outvars: Sequence[Any]
+                       ) -> list[Group]:
+  """Work outside any module whose results only the model's outputs read (an auxiliary
+  loss: ``jnp.mean(h ** 2)`` returned beside the logits) joins the layer that made the
+  latest value it reads, when that layer is not the one before it: it reads ``h`` across
+  the layers after ``h``'s maker, which would make the model a graph; run with ``h``'s
+  maker instead, its results are that layer's model outputs and the layers stay a chain.
+  Equations keep their order within each layer."""
+  outputs = {v for v in outvars if not isinstance(v, _compat.Literal)}
+  made_by: dict[Any, int] = {}
+  read_by: dict[Any, set[int]] = collections.defaultdict(set)
+  for li, (_, eqns) in enumerate(groups):
+    for eqn in eqns:
+      for v in eqn.invars:
+        if not isinstance(v, _compat.Literal):
+          read_by[v].add(li)
+      for v in eqn.outvars:
+        made_by[v] = li
+  moved: dict[int, int] = {}  # group -> the group it joins
+  for li, (name, eqns) in enumerate(groups):
+    if not name.rsplit("/", 1)[-1].startswith("(") or li == 0:
+      continue  # a module's layer, or the first
+    made = [v for e in eqns for v in e.outvars]
+    if any(read_by[v] - {li} for v in made) or not any(v in outputs for v in made):
+      continue  # a later layer reads it, or it makes no model output
+    makers = {made_by[v] for e in eqns for v in e.invars
+              if not isinstance(v, _compat.Literal) and v not in invariant
+              and made_by.get(v, li) != li}
+    host = max(makers, default=li - 1)
+    while host in moved:
+      host = moved[host]
+    if host < li - 1:
+      moved[li] = host
+  if not moved:
+    return groups
+  joined = [list(eqns) for _, eqns in groups]
+  for li in sorted(moved):
+    joined[moved[li]] += joined[li]
+    joined[li] = []
+  return [(name, eqns) for (name, _), eqns in zip(groups, joined) if eqns]
 
 
 def first_skip(groups: Sequence[Group], invariant: set) -> tuple[int, int] | None:

@@ -128,12 +128,15 @@ def trace(
 
   batch_vars = input_vars[len(params_leaves) : len(params_leaves) + len(batch_leaves)]
   if layer_depth is None:
-    chosen = _granularity.decompose(eqns, invariant, batch_vars, input_vars[:len(params_leaves)])
+    chosen = _granularity.decompose(eqns, invariant, batch_vars, input_vars[:len(params_leaves)],
+                                    jaxpr.outvars)
     prelude, groups, decomposition = list(chosen.prelude), list(chosen.groups), chosen.description
   else:
     groups = _granularity.group(eqns, layer_depth)
     prelude, groups = _granularity.hoist_invariant_values(groups, invariant - set(batch_vars))
-    groups = [(name, g) for name, g in groups if g]
+    groups = _granularity.attach_output_work(
+        [(name, g) for name, g in groups if g],
+        invariant | {v for e in prelude for v in e.outvars}, jaxpr.outvars)
     decomposition = f"layer_depth={layer_depth} ({len(groups)} layers)"
   prelude_outputs = tuple(dict.fromkeys(v for e in prelude for v in e.outvars))
   invariant |= set(prelude_outputs)
