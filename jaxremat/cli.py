@@ -6,8 +6,10 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -198,6 +200,12 @@ def _bench_command(args: argparse.Namespace) -> int:
   return 0
 
 
+def _as_flags(message: str) -> str:
+  """``layer_depth=N`` and ``budget_bytes=`` in a message as the plan command's flags."""
+  message = re.sub(r"\blayer_depth=(\d+)", r"--layer-depth \1", message)
+  return message.replace("layer_depth=", "--layer-depth").replace("budget_bytes=", "--budget")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="jaxremat", description=jaxremat.__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
@@ -215,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   plan.add_argument("--method", default="optimal")
   plan.add_argument("--budget", type=float, default=None, help="whole-step budget in bytes")
   plan.add_argument("--layer-depth", type=int, default=None,
-                    help="name-stack depth of a layer (default: the root module's children)")
+                    help="name-stack depth of a layer (default: found automatically, the "
+                    "root module's children split where they are large)")
   plan.add_argument("--model-kwargs", default="{}",
                     help='JSON keyword arguments for model.apply, e.g. \'{"train": true}\'')
   plan.add_argument("--rngs", default="",
@@ -244,14 +253,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr)
       return 2
     try:
-      r, summary = run_plan(args.model, shape, args.dtype, args.method,
-                            None if args.budget is None else int(args.budget),
-                            layer_depth=args.layer_depth, model_kwargs=model_kwargs,
-                            rngs=[n for n in args.rngs.split(",") if n],
-                            verify=True if args.verify else None, target=args.target)
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r, summary = run_plan(args.model, shape, args.dtype, args.method,
+                              None if args.budget is None else int(args.budget),
+                              layer_depth=args.layer_depth, model_kwargs=model_kwargs,
+                              rngs=[n for n in args.rngs.split(",") if n],
+                              verify=True if args.verify else None, target=args.target)
     except jaxremat.JaxrematError as err:
-      print(f"jaxremat plan: {type(err).__name__}: {err}", file=sys.stderr)
+      print(f"jaxremat plan: {type(err).__name__}: {_as_flags(str(err))}", file=sys.stderr)
       return 2
+    for w in caught:  # in the CLI's words: --layer-depth N, not layer_depth=N
+      print(f"jaxremat plan: {w.category.__name__}: {_as_flags(str(w.message))}",
+            file=sys.stderr)
     print(json.dumps(summary, indent=2) if args.json else r.report())
     return 0
   if args.command == "demo":

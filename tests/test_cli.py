@@ -111,3 +111,24 @@ def test_plan_says_what_is_wrong_with_the_module_or_kwargs(capsys):
   assert cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "2,8,8,3",
                    "--model-kwargs", "{train: 1}"]) == 2
   assert "--model-kwargs is not JSON" in capsys.readouterr().err
+
+
+def test_plan_warnings_name_the_commands_flags(tmp_path, monkeypatch, capsys):
+  """apply's advice (layer_depth=) reaches a CLI user as the flag (--layer-depth)."""
+  (tmp_path / "wrapped_net.py").write_text(
+      "import flax.linen as nn\n"
+      "class Inner(nn.Module):\n"
+      "  @nn.compact\n"
+      "  def __call__(self, x):\n"
+      "    for _ in range(3):\n"
+      "      x = nn.relu(nn.Dense(16)(x))\n"
+      "    return x\n"
+      "class Wrapped(nn.Module):\n"
+      "  @nn.compact\n"
+      "  def __call__(self, x):\n"
+      "    return Inner(name='inner')(x)\n")
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["plan", "wrapped_net:Wrapped", "--batch-shape", "8,16",
+                   "--layer-depth", "1"]) == 0
+  err = capsys.readouterr().err
+  assert "NoSavingWarning" in err and "--layer-depth" in err and "layer_depth=" not in err
