@@ -195,3 +195,36 @@ def test_roofline_is_the_larger_of_compute_and_memory_time():
   assert r.seconds(1e9, 5e11) == pytest.approx(5.0)
   assert r.offload_seconds(1e10) == pytest.approx(2 * 1.0 * 0.75)
   assert Roofline("cpu", 1.0, 1.0).offload_seconds(1) == float("inf")
+
+
+class _ScanBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    return x + nn.Dense(x.shape[-1])(nn.gelu(nn.Dense(128)(nn.LayerNorm()(x)))), None
+
+
+class _Scanned(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(_ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+                    length=8)
+    x, _ = stack(name="layers")(nn.Dense(32)(x), None)
+    return nn.Dense(4)(x)
+
+
+def test_fit_segments_a_scanned_stack():
+  """A scanned stack runs segmented, as apply runs it (a user's trial: fit planned it as
+  one layer and found nothing below the model as written); the budget's share is of the
+  model as written, and the segments' recompute is counted."""
+  model, x = _Scanned(), jax.random.normal(KEY, (256, 16))
+  params = model.init(KEY, x)
+  plain = jaxremat.measure(training_loss(model.apply, {}), params, x).total_bytes
+  fitted = jaxremat.fit(model.apply, params, x, 0.5)
+  assert fitted.no_remat_bytes == plain
+  assert fitted.measured_total_bytes <= fitted.budget_bytes < plain
+  assert jaxremat.measure(training_loss(fitted.fn, {}), params, x).total_bytes == (
+      fitted.measured_total_bytes)
+  assert fitted.predicted_seconds > 0  # the segments are recomputed even where kept
+  want = jax.grad(training_loss(model.apply, {}))(params, x)
+  _assert_trees_close(want, jaxremat.jit(jax.grad(training_loss(fitted.fn, {})))(params, x),
+                      1e-5)

@@ -35,6 +35,7 @@ from jaxremat._errors import (
   InvalidBudgetError,
   NotAChainError,
 )
+from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Chain, Plan
 from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, peak_bytes
@@ -143,13 +144,16 @@ def fit(
   be recomputed whole. A DP over the chain picks the options of least predicted time
   (XLA's cost analysis through the target's roofline) whose predicted footprint fits.
   The bytes are scaled once so that keeping every residual predicts the no-remat
-  footprint.
+  footprint. A scanned layer stack (``nn.scan``, ``jax.lax.scan`` over stacked
+  parameters) runs segmented as ``apply`` runs it (``scan_segment="auto"``); kept, it
+  costs one forward pass of recompute.
 
   Args:
     model_fn, params, batch, layer_depth, target, **model_kwargs: as for ``apply``.
     memory_budget: the step's footprint allowed: a float in ``(0, 1]`` is a share of
-      the activations (the no-remat footprint less the fixed bytes), on top of the fixed
-      bytes; an int or a float above 1 is bytes.
+      the activations (the footprint of the model as written less the fixed bytes; with
+      ``verify=False`` and a scanned stack, of it segmented), on top of the fixed bytes;
+      an int or a float above 1 is bytes.
     verify: compile the chosen plan and, while XLA's footprint exceeds the budget,
       tighten the predicted budget by the excess and solve again; once one fits, loosen
       it by the bytes XLA left unused (or those the plan was predicted over, the more)
@@ -190,13 +194,17 @@ def fit(
                          "this model with jaxremat.apply (budget_bytes=) instead.")
   key = input_key(params, batch, model_kwargs)
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
+  written = traced
+  traced, scans = _scan.rewrite(traced, "auto")  # scanned stacks segmented, as apply does
+  segments = tuple(s.segment for s in scans) if scans else None
 
   steps: dict[PolicyPlan, Any] = {}  # compiled steps kept to time them
 
-  def measured(plan: Plan | PolicyPlan) -> int:
+  def measured(plan: Plan | PolicyPlan, as_written: bool = False) -> int:
     with clock("compile"):
-      loss, _ = training_loss_with_arrays(
-          DropIn(model_fn, plan, layer_depth, traced, key), model_kwargs)
+      drop_in = (DropIn(model_fn, plan, layer_depth, written, key) if as_written else
+                 DropIn(model_fn, plan, layer_depth, traced, key, segments))
+      loss, _ = training_loss_with_arrays(drop_in, model_kwargs)
       if not (timed and isinstance(plan, PolicyPlan)):
         return measure(batch_with_arrays(loss), params, (batch, arrays),
                        target=resolved).total_bytes
@@ -209,24 +217,26 @@ def fit(
                           params, batch, act_bytes, resolved, arrays)
 
   with clock("profile"):  # as apply: the layer-boundary plans predicted alike
-    planner = make_planner(traced, (), params, batch, model_kwargs, False,
+    planner = make_planner(traced, scans, params, batch, model_kwargs, False,
                            "gpu" if resolved else None, replay if resolved else None,
                            required=False)
     assert isinstance(planner, ChainPlanner)  # a graph was rejected above
     chain = planner.chain
-    options = OptionCosts(traced, chain, roofline_for(resolved.name if resolved else None))
+    options = OptionCosts(traced, chain, roofline_for(resolved.name if resolved else None),
+                          frozenset(s.layer for s in scans if s.rematerialised))
     costs = group_costs(options)
   fixed, n = planner.fixed_bytes, chain.n
   final = chain.act_bytes[n] + chain.cot_bytes[n]
   if not verify:
-    no_remat = planner.total_bytes(Plan())
+    kept = no_remat = planner.total_bytes(Plan())  # a scanned stack's: segmented
   else:  # the compiled profile's compile measured the plain step already
-    no_remat = planner.replay.plain_bytes if planner.replay else measured(Plan())
+    kept = planner.replay.plain_bytes if planner.replay else measured(Plan())
+    no_remat = measured(Plan(), as_written=True) if scans else kept
   budget = _budget_bytes(memory_budget, fixed, no_remat)
-  # One calibration: the groups' bytes scaled so that keeping everything predicts the
-  # no-remat footprint (XLA's, or the backend's estimate without verify).
+  # One calibration: the groups' bytes scaled so that keeping everything predicts its
+  # footprint (XLA's, or the backend's estimate without verify).
   keep_all = [c for c in costs if c.group.option.kind == KEEP]
-  scale = max(no_remat - fixed, 1) / max(peak_bytes(keep_all, final), 1)
+  scale = max(kept - fixed, 1) / max(peak_bytes(keep_all, final), 1)
 
   def predicted(groups: tuple[GroupCost, ...]) -> int:  # a plan's footprint (bytes)
     return fixed + round(scale * peak_bytes(groups, final))
@@ -278,7 +288,7 @@ def fit(
     _, chosen, footprint = candidates[order[0]]
   plan = as_plan(chosen)
   return Fitted(
-      fn=DropIn(model_fn, plan, layer_depth, traced, key), plan=plan, costs=chosen,
+      fn=DropIn(model_fn, plan, layer_depth, traced, key, segments), plan=plan, costs=chosen,
       chain=chain, budget_bytes=budget, fixed_bytes=fixed, no_remat_bytes=no_remat,
       predicted_total_bytes=predicted(chosen),
       predicted_seconds=sum(c.seconds for c in chosen), measured_total_bytes=footprint,

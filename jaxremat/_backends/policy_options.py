@@ -67,10 +67,14 @@ class OptionCosts:
     traced: the traced chain (not a graph).
     chain: its profile (``Planner.chain``): bytes per layer as XLA is modelled to keep them.
     roofline: the target's rates.
+    segmented: layers whose scanned stack runs segmented (each segment recomputed in the
+      backward pass): kept, they cost one forward pass of recompute.
   """
 
-  def __init__(self, traced: TracedChain, chain: Chain, roofline: Roofline):
+  def __init__(self, traced: TracedChain, chain: Chain, roofline: Roofline,
+               segmented: frozenset[int] = frozenset()):
     self.traced, self.chain, self.roofline = traced, chain, roofline
+    self.segmented = segmented
     self._grad_invariants = set(traced.param_vars) | set(traced.prelude_outputs)
     self._measured: dict[tuple[Hashable, Option], tuple[int, float]] = {}
     self._forward: dict[Hashable, tuple[float, float]] = {}
@@ -93,7 +97,8 @@ class OptionCosts:
                            for i in range(l, r)))
     b, e = c.res_bytes[l], c.input_res_bytes[l]
     if group.option.kind == KEEP:
-      return GroupCost(group, b, self._base(l), 0.0)
+      seconds = self._measure(l, Option(RECOMPUTE))[1] if l in self.segmented else 0.0
+      return GroupCost(group, b, self._base(l), seconds)
     kept, seconds = self._measure(l, group.option)
     host = _offloaded_bytes(self.traced, l, group.option)
     seconds += self.roofline.offload_seconds(host) if host else 0.0
