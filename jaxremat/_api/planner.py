@@ -62,10 +62,10 @@ class ChainPlanner:
 
   def temp_bytes(self, plan: Plan) -> int:
     """Predicted XLA temp bytes of a single-level ``plan``, to rank plans by: the replay's
-    live bytes (without the heap's room between buffers), or the estimate's
-    (``estimate_temp_bytes``)."""
+    heap placement of its values (the footprint it predicts, less the fixed bytes), or
+    the estimate's (``estimate_temp_bytes``)."""
     if self.replay is not None:
-      return self.replay.live_bytes(plan.checkpoints)
+      return self.replay.total_bytes(plan.checkpoints) - self.replay.fixed_bytes
     return estimate_temp_bytes(self.chain, self.buffers, plan)
 
   @property

@@ -93,7 +93,7 @@ class Replay:
 
   def live_bytes(self, checkpoints: Sequence[int]) -> int:
     """The peak live bytes of ``intervals`` (bytes): the temp allocation without the room
-    the heap leaves between buffers; a fast figure to rank plans by."""
+    the heap leaves between buffers (a lower bound of ``total_bytes``' temp part)."""
     live: collections.Counter[int] = collections.Counter()  # changes from step to step
     for first, last, size in self.intervals(checkpoints):
       live[first] += size
