@@ -296,8 +296,9 @@ def test_fn_rejects_another_model_or_mode():
   evaluating = nnx.clone(model)
   evaluating.eval()
   match = r"model\.eval\(\).*evaluate with model\(x\)"
-  with pytest.raises(jaxremat.InputMismatchError, match=match):
+  with pytest.raises(jaxremat.InputMismatchError, match=match) as caught:
     r.fn(evaluating, x)
+  assert "train=False" not in str(caught.value)  # linen's words, not nnx's
 
 
 def _wide_mlp():
@@ -350,3 +351,23 @@ def test_full_train_step_with_optimizer_and_donation_matches_the_plain_one():
   np.testing.assert_allclose(runs["remat"][1], runs["plain"][1], rtol=1e-5)
   _assert_trees_close(runs["remat"][2], runs["plain"][2])
   assert runs["remat"][0] < runs["plain"][0]
+
+
+class _RematBlocks(nnx.Module):
+  """Blocks the user rematerialised with nnx.remat (a user's trial)."""
+
+  def __init__(self):
+    rngs = _rngs()
+    self.blocks = nnx.List([nnx.Linear(16, 16, rngs=rngs) for _ in range(4)])
+    self.head = nnx.Linear(16, 3, rngs=rngs)
+
+  def __call__(self, x):
+    for block in self.blocks:
+      x = nnx.remat(lambda b, x: nnx.tanh(b(x)))(block, x)
+    return self.head(x)
+
+
+def test_a_model_that_rematerialises_already_says_so():
+  with pytest.warns(jaxremat.NoSavingWarning, match="rematerialises already"):
+    r = jaxremat.apply_nnx(_RematBlocks(), jnp.ones((32, 16)))
+  assert r.plan.checkpoints == ()

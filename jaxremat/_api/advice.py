@@ -57,6 +57,24 @@ def warn_one_layer(traced: TracedChain) -> None:
                   stacklevel=3)
 
 
+_REMAT_PRIMITIVES = frozenset({"checkpoint", "remat2"})
+
+
+def warn_if_rematerialised(traced: TracedChain) -> None:
+  """Warns (``NoSavingWarning``) that the plan keeps every layer boundary because the
+  model rematerialises already: a layer runs ``jax.checkpoint`` (``nn.remat``,
+  ``nnx.remat``) inside it."""
+  inside = [layer.name for layer in traced.layers
+            if any(e.primitive.name in _REMAT_PRIMITIVES for e in layer.eqns)]
+  if inside:
+    warnings.warn(NoSavingWarning(
+        f"jaxremat: r.fn runs the model as written: it rematerialises already "
+        f"(jax.checkpoint, nn.remat or nnx.remat inside {', '.join(map(repr, inside[:3]))}"
+        f"{', ...' if len(inside) > 3 else ''}), and no checkpoint between layers is "
+        "predicted to save more. Take the remat out of the model to let jaxremat place it."),
+        stacklevel=3)
+
+
 class CoarseLayersWarning(UserWarning):
   """One layer holds most of what the backward pass keeps, so the plan saves little."""
 

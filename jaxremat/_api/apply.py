@@ -6,7 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxremat._api import checks
-from jaxremat._api.advice import warn_as_written, warn_if_coarse, warn_one_layer
+from jaxremat._api.advice import (warn_as_written, warn_if_coarse, warn_if_rematerialised,
+                                  warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
 from jaxremat._api.measure import measure
@@ -175,6 +176,8 @@ def apply(
       plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
   if chosen and method != "none" and not scans and plan.method != AS_WRITTEN:
     warn_one_layer(traced)
+    if not plan.checkpoints and len(traced.layers) > 1:
+      warn_if_rematerialised(traced)
   if chosen and method == "optimal" and plan.method != AS_WRITTEN:
     warn_if_coarse(planner, plan, traced)
   with clock("emit"):

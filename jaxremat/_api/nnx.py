@@ -206,6 +206,6 @@ class _NnxDropIn:
           "the model's static attributes differ from the ones the plan was made for (e.g. "
           "model.eval() turns Dropout off) and so do its layers: evaluate with model(x) "
           "directly (nothing to checkpoint without gradients), or call "
-          f"jaxremat.apply_nnx on the model in this mode. ({err})") from None
+          "jaxremat.apply_nnx on the model in this mode.") from err
     nnx.update(model, new_rest)
     return out
