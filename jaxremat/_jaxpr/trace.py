@@ -11,6 +11,7 @@ import numpy as np
 
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr import granularity as _granularity
+from jaxremat._jaxpr import regroup as _regroup
 from jaxremat._errors import EmptyModelError, NotAChainError, UnsupportedModelError
 
 
@@ -133,8 +134,8 @@ def trace(
     prelude, groups, decomposition = list(chosen.prelude), list(chosen.groups), chosen.description
   else:
     groups = _granularity.group(eqns, layer_depth)
-    prelude, groups = _granularity.hoist_invariant_values(groups, invariant - set(batch_vars))
-    groups = _granularity.attach_output_work(
+    prelude, groups = _regroup.hoist_invariant_values(groups, invariant - set(batch_vars))
+    groups = _regroup.attach_output_work(
         [(name, g) for name, g in groups if g],
         invariant | {v for e in prelude for v in e.outvars}, jaxpr.outvars)
     decomposition = f"layer_depth={layer_depth} ({len(groups)} layers)"
@@ -211,7 +212,7 @@ def _reject_transform(eqn):
 
 def _link(groups, invariant, outvars) -> tuple[Layer, ...]:
   """Finds each layer's inputs and outputs and checks that the layers form a chain."""
-  skip = _granularity.first_skip(groups, invariant)
+  skip = _regroup.first_skip(groups, invariant)
   if skip is not None:
     li, src = skip
     raise NotAChainError(
