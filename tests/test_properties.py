@@ -1,5 +1,7 @@
 """Property test: random small linen stacks keep their gradients under any plan."""
 
+import warnings
+
 import flax.linen as nn
 import jax
 import pytest
@@ -43,7 +45,9 @@ def test_random_stacks_plan_validly_and_keep_gradients(first, rest, features, da
   model = build([("dense", first), *rest])
   x = jax.random.normal(jax.random.key(1), (3, features))
   params = model.init(jax.random.key(0), x)
-  r = jaxremat.apply(model.apply, params, x)
+  with warnings.catch_warnings():  # a stack this small may be one layer, or gain nothing
+    warnings.simplefilter("ignore", jaxremat.NoSavingWarning)
+    r = jaxremat.apply(model.apply, params, x)
   n = r.chain.n
   assert n == expected_layers([("dense", first), *rest])
   assert all(1 <= c <= n - 1 for c in r.plan.checkpoints)
