@@ -178,9 +178,9 @@ class Replay:
     return found
 
 
-def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any], Any], params: Any,
-                   batch: Any, act_bytes: Sequence[int], target: Target | None = None,
-                   arrays: Any = ()) -> Replay:
+def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any, Any], Any], params: Any,
+                   batch: Any, act_bytes: Sequence[int], target: Target | None,
+                   arrays: Any) -> Replay:
   """Compiles ``jax.grad(loss_fn)`` once (for ``target``, deviceless, when given; else on
   the local backend) with an XLA dump, and reads its ``Replay``; ``traced`` gives the
   layers' names, ``act_bytes`` the chain's activation bytes. ``loss_fn(params, batch,
