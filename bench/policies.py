@@ -109,7 +109,7 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
   apply_kwargs = dict(kwargs)
   traced = trace(model.apply, params, x, apply_kwargs, None)
   n = len(traced.layers)
-  planner = make_planner(traced, (), params, x, apply_kwargs, False, "gpu" if target else None)
+  planner = make_planner(traced, (), params, x, apply_kwargs, False, get_target(target))
   costs = OptionCosts(traced, planner.chain, roofline_for(target))
   fixed = planner.fixed_bytes
   steps: dict[Any, Any] = {}  # one compiled step per distinct program, timed together

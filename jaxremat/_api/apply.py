@@ -157,7 +157,7 @@ def apply(
   replayed = (profile or ("compiled" if resolved else "jaxpr")) == "compiled"
   with clock("profile"):
     planner = make_planner(traced, scans, params, batch, model_kwargs, calibrate,
-                           "gpu" if resolved else None, compiled if replayed else None,
+                           resolved, compiled if replayed else None,
                            required=profile is not None)
   measure_plan = lambda p: measured(p, traced, scans)  # noqa: E731
   chosen = plan is None

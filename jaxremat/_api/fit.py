@@ -218,7 +218,7 @@ def fit(
 
   with clock("profile"):  # as apply: the layer-boundary plans predicted alike
     planner = make_planner(traced, scans, params, batch, model_kwargs, False,
-                           "gpu" if resolved else None, replay if resolved else None,
+                           resolved, replay if resolved else None,
                            required=False)
     assert isinstance(planner, ChainPlanner)  # a graph was rejected above
     chain = planner.chain

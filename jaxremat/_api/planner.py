@@ -14,6 +14,7 @@ from jaxremat._backends.profile import Buffers, profile
 from jaxremat._backends.refine import MAX_LAYERS as MAX_REFINE_LAYERS
 from jaxremat._backends.refine import neighbours, refine
 from jaxremat._backends.replay import Replay
+from jaxremat._backends.targets import Target
 from jaxremat._errors import (InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError,
                               NotAChainError)
 from jaxremat._jaxpr import scan as _scan
@@ -270,16 +271,17 @@ Planner = ChainPlanner | GraphPlanner
 
 
 def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, batch: Any,
-                 model_kwargs: dict[str, Any], calibrate: bool, platform: str | None,
+                 model_kwargs: dict[str, Any], calibrate: bool, target: Target | None,
                  compiled: Callable[[tuple[int, ...]], Replay] | None = None,
                  required: bool = True) -> Planner:
   """Profiles the traced layers into the planner for their structure (chain or graph), as
-  XLA on ``platform`` (default: the local backend) keeps them. ``compiled`` (the
+  XLA for ``target`` (default: the local backend) keeps them. ``compiled`` (the
   compiled profile): the replay of the plain step, given the chain's activation bytes;
   on a model it cannot replay, an error when ``required``, else the jaxpr profile."""
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = checks.fixed_bytes(params, batch, arrays)
   sharded = _sharding.is_sharded((params, batch, arrays))
+  platform = "gpu" if target else None
   if platform and sharded:
     raise InvalidArgumentError(
         "a target= plans for one GPU; pass unsharded params and batch (or "
@@ -298,14 +300,13 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
       raise NotAChainError(
           f"{traced.not_a_chain} jaxremat plans such a model as a graph, which does not "
           "take sharded inputs yet; pass unsharded params and batch.")
-    return GraphPlanner(profile_graph(traced, calibrate=calibrate, platform=platform), fixed,
+    return GraphPlanner(profile_graph(traced, calibrate, platform, target), fixed,
                         traced.not_a_chain)
   # A segmented scan's backward (one segment recomputed, then its backward loop) is
-  # compiled alone for its workspace on the local backend; a GPU target keeps the rule.
-  segmented = {s.layer for s in scans if s.rematerialised} if platform is None else set()
-  prof = profile(traced, calibrate=calibrate or segmented, backend=platform)
-  ruled = tuple(s for s in scans if s.layer not in segmented)
-  chain = _scan.with_workspace(prof.chain, ruled) if ruled else prof.chain
+  # compiled alone for its workspace, for the target.
+  segmented = {s.layer for s in scans if s.rematerialised}
+  prof = profile(traced, calibrate=calibrate or segmented, backend=platform, target=target)
+  chain = prof.chain
   if sharded:  # bytes per device from here on
     flat = jax.tree_util.tree_leaves((params, batch, arrays))
     prof = _sharding.per_device_profile(traced, dataclasses.replace(prof, chain=chain), flat)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from jaxremat._backends.profile import backward_temp_bytes
+from jaxremat._backends.targets import Target
 from jaxremat._backends.registry import backend_for
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.layer_vjp import flops as layer_flops
@@ -12,7 +13,7 @@ from jaxremat._model.graph import GraphChain
 
 
 def profile_graph(traced: TracedChain, calibrate: bool = False,
-                  platform: str | None = None) -> GraphChain:
+                  platform: str | None = None, target: Target | None = None) -> GraphChain:
   """Bytes of every value crossing between layers, what each layer's backward saves, FLOPs.
 
   ``traced`` is a traced graph (``traced.is_graph``); ``platform`` (default: JAX's
@@ -20,7 +21,7 @@ def profile_graph(traced: TracedChain, calibrate: bool = False,
   layers read (made by unit 0, no cotangent) and every layer output a later layer or the
   model's result reads. A layer's saved inputs and outputs are values (counted once
   however many layers save them); its other residuals are private bytes. With
-  ``calibrate`` (one small compile per layer), what XLA's temp needs for the layer's
+  ``calibrate`` (one small compile per layer, for ``target`` when given), what XLA's temp needs for the layer's
   backward beyond the residuals it computes becomes its workspace: the cotangents and
   gradient buffers inside a layer (a U-Net level of two convs), which model G does not
   otherwise see.
@@ -64,7 +65,7 @@ def profile_graph(traced: TracedChain, calibrate: bool = False,
     private.append(res.total - res.own_input - sum(size[index[v]] for v in res.own_output_vars))
     flops.append(layer_flops(layer, layer.inputs))
     if calibrate:
-      temp = backward_temp_bytes(layer, layer.inputs, grad_invariants, differentiate_inputs=True)
+      temp = backward_temp_bytes(layer, layer.inputs, grad_invariants, True, target)
       work.append(max(0, temp - (res.total - res.own_input)))
   return GraphChain(
       value_bytes=size, value_cot_bytes=cot, defined=made, last_use=last, saved=saved,

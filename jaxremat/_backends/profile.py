@@ -12,6 +12,7 @@ from jaxremat._backends.base import Backend
 from jaxremat._backends.buffers import CpuBuffers, StartBuffers, scaled
 from jaxremat._backends.measure import memory_stats
 from jaxremat._backends.registry import backend_for
+from jaxremat._backends.targets import Target, compile_on_target
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.layer_vjp import flops, forward_and_backward
 from jaxremat._jaxpr.residuals import LayerResiduals, elementwise, residuals
@@ -65,14 +66,14 @@ class Profile:
 
 
 def profile(traced: TracedChain, calibrate: bool | Collection[int] = False,
-            backend: str | Backend | None = None) -> Profile:
+            backend: str | Backend | None = None, target: Target | None = None) -> Profile:
   """Measures the chain of ``traced`` (bytes are dtype-aware; FLOPs from XLA's cost model).
 
   ``backend`` (a platform name or a ``Backend``; default: JAX's default backend) picks
   what XLA is modelled to keep and add (``registry.backend_for``).
 
   With ``calibrate``, each layer's forward and backward is also compiled alone (or only
-  the layers whose indices ``calibrate`` lists); what
+  the layers whose indices ``calibrate`` lists), for ``target`` when given; what
   XLA's temp needs beyond the layer's residuals becomes its workspace ``w_i``. (A temp
   below the residuals does not lower ``b_i``: alone, a layer can recompute cheap
   residuals from its input, which in the whole program is not held.)
@@ -129,7 +130,7 @@ def profile(traced: TracedChain, calibrate: bool | Collection[int] = False,
     for i, layer in enumerate(layers):
       if calibrate is not True and i not in calibrate:
         continue
-      temp = backward_temp_bytes(layer, inputs[i], grad_invariants, differentiate_inputs=i > 0)
+      temp = backward_temp_bytes(layer, inputs[i], grad_invariants, i > 0, target)
       modelled = start[i].total_bytes if start else 0  # walked by the estimate instead
       work[i] = max(0, temp - (res[i] - own[i]) - modelled)
   chain = Chain(
@@ -185,15 +186,19 @@ def _bytes(variables) -> int:
   return sum(_compat.aval_bytes(v.aval) for v in dict.fromkeys(variables))
 
 
-def backward_temp_bytes(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool) -> int:
-  """XLA's temp bytes for the layer's forward and backward compiled alone (on JAX's
-  default backend, under its compiler options).
+def backward_temp_bytes(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool,
+                        target: Target | None = None) -> int:
+  """XLA's temp bytes for the layer's forward and backward compiled alone (for
+  ``target``, deviceless; by default on JAX's default backend, under its compiler
+  options).
 
   The program takes the layer's inputs and its output cotangents and returns the
   gradients, so its temp holds what the layer's backward needs beyond them: the
   residuals as XLA keeps them (after fusion) and any transient workspace.
   """
   step, args, cts = forward_and_backward(layer, inputs, grad_invariants, differentiate_inputs)
+  if target is not None:
+    return int(memory_stats(compile_on_target(step, (args, cts), target)).temp_size_in_bytes)
   compiled = jax.jit(step).lower(args, cts).compile(
       compiler_options=backend_for().compiler_options() or None)
   return int(memory_stats(compiled).temp_size_in_bytes)

@@ -60,12 +60,6 @@ class ScanPlan:
   def rematerialised(self) -> bool:
     return self.segment < self.length
 
-  @property
-  def workspace_bytes(self) -> int:
-    """Transient bytes of the stack's backward: one recomputed segment's residuals,
-    twice (see ``choose_segment``)."""
-    return _segment_copy_bytes(self.chain, self.segment) * 2 if self.rematerialised else 0
-
 
 def rewrite(traced: TracedChain,
             segment: int | str | Sequence[int]) -> tuple[TracedChain, tuple[ScanPlan, ...]]:
@@ -120,16 +114,6 @@ def rewrite(traced: TracedChain,
       eqns[ei] = nested_scan_eqn(eqn, k)
       layers[li] = dataclasses.replace(layer, eqns=tuple(eqns))
   return dataclasses.replace(traced, layers=tuple(layers)), tuple(plans)
-
-
-def with_workspace(chain: Chain, plans: Sequence[ScanPlan]) -> Chain:
-  """``chain`` with each segmented stack's recomputed segment as its layer's workspace."""
-  work = list(chain.workspace_bytes)
-  for p in plans:
-    work[p.layer] = max(work[p.layer], p.workspace_bytes)
-  return Chain(chain.act_bytes, chain.res_bytes, cot_bytes=chain.cot_bytes,
-               input_res_bytes=chain.input_res_bytes, workspace_bytes=work,
-               flops=chain.flops, names=chain.names)
 
 
 def _find(traced: TracedChain) -> list[tuple[int, int]]:
