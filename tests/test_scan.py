@@ -247,13 +247,15 @@ class DropoutStack(nn.Module):
     return nn.Dense(4)(x)
 
 
-def test_every_plan_over_a_scan_with_dropout_differentiates_as_plain():
+@pytest.mark.parametrize("make_key", [jax.random.key, jax.random.PRNGKey],
+                         ids=["typed-key", "raw-uint32-key"])
+def test_every_plan_over_a_scan_with_dropout_differentiates_as_plain(make_key):
   """A segment that draws random bits is tied to its activation through a barrier; the
-  rng key it clones must keep a zero derivative there (a user's trial: Plan((1,))
-  raised "Differentiation rule for 'random_clone' not implemented")."""
+  rng key it clones must keep a zero derivative there, typed or raw (two users' trials:
+  Plan((1,)) raised "Differentiation rule for 'random_clone' not implemented")."""
   model, x = DropoutStack(), jax.random.normal(KEY, (32, 8))
-  params = model.init({"params": KEY, "dropout": jax.random.key(1)}, x)
-  rngs = {"dropout": jax.random.key(2)}
+  params = model.init({"params": KEY, "dropout": make_key(1)}, x)
+  rngs = {"dropout": make_key(2)}
   fn = lambda p, b: model.apply(p, b, rngs=rngs)  # noqa: E731
   want = jax.jit(jax.value_and_grad(_loss(fn)))(params, x)
   r = jaxremat.apply(model.apply, params, x, verify=False, rngs=rngs)

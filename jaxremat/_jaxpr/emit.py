@@ -64,10 +64,10 @@ def _tied(fn: Callable[..., Any], eqns: Sequence[Any], in_vars: list,
   Random bits depend on a key alone, so XLA's scheduler may draw every layer's bits at
   the start of the step and hold them all (dropout: the bits of every block at once).
   Tied to the segment's activation, a segment's bits are drawn when it runs. A typed key
-  goes through the barrier as its key data, wrapped again after it: the barrier's
-  derivative makes its operands' tangents concrete, and some key primitives have no
-  derivative rule (``random_clone``, which ``nn.scan`` applies to its rngs); wrapping
-  makes the key's tangent a symbolic zero again.
+  goes through the barrier as its key data, wrapped again after it. The barrier passes
+  tangents through untouched (``_barrier``): its own derivative rule makes every
+  operand's tangent concrete, a raw ``uint32`` key's included, and some key primitives
+  have no derivative rule (``random_clone``, which ``nn.scan`` applies to its rngs).
   """
   if not _compat.draws_random_bits(eqns):
     return fn
@@ -76,12 +76,25 @@ def _tied(fn: Callable[..., Any], eqns: Sequence[Any], in_vars: list,
 
   def tied(*args: Any) -> Any:
     values = list(args)
-    barred = jax.lax.optimization_barrier([_key_data(values[k]) for k in tie])
+    barred = _barrier([_key_data(values[k]) for k in tie])
     for k, value in zip(tie, barred):
       values[k] = _like(value, args[k])
     return fn(*values)
 
   return tied
+
+
+@jax.custom_jvp
+def _barrier(values: list[Any]) -> list[Any]:
+  """``jax.lax.optimization_barrier``, differentiated as the identity it is: tangents
+  pass through (the barrier's own rule makes them concrete, a key's too)."""
+  return jax.lax.optimization_barrier(values)
+
+
+@_barrier.defjvp
+def _barrier_jvp(primals: tuple[list[Any]], tangents: tuple[list[Any]]
+                 ) -> tuple[list[Any], list[Any]]:
+  return _barrier(primals[0]), tangents[0]
 
 
 def _is_key(x: Any) -> bool:
