@@ -72,6 +72,21 @@ def test_frontier_is_monotone_and_undominated():
     assert sum(c.seconds for c in groups) == pytest.approx(seconds)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_frontier_ends_at_the_fastest_plan(seed):
+  """With bytes large enough that the DP counts them in rounded-up quanta, the frontier
+  still ends at the least time exhaustive search finds (a user's trial: the chosen plan
+  was missing from it)."""
+  rng = random.Random(seed)
+  n = rng.randint(2, 5)
+  scale = 10**6 + rng.randint(0, 999)
+  costs = [GroupCost(c.group, c.stored_bytes * scale + rng.randint(0, 999),
+                     c.transient_bytes * scale, c.seconds) for c in random_costs(rng, n)]
+  fastest = brute_policy(costs, n, sum(c.stored_bytes + c.transient_bytes for c in costs), 0)
+  front = policy_frontier(costs, n, 0)
+  assert front[-1][1] == pytest.approx(sum(c.seconds for c in fastest))
+
+
 def test_groups_are_checked():
   with pytest.raises(Exception, match="recomputed as a whole"):
     Group(0, 2, Option(KEEP))

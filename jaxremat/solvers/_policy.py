@@ -143,12 +143,14 @@ def policy_frontier(costs: Sequence[GroupCost], n: int, final_bytes: int = 0,
                     points: int = 24) -> list[tuple[int, float, tuple[GroupCost, ...]]]:
   """The memory-versus-time frontier: ``(peak bytes, seconds, groups)`` for budgets spread
   evenly from the least peak to the peak of the fastest plan, each solved by
-  ``solve_policy``; dominated points are dropped, sorted by increasing bytes."""
+  ``solve_policy``, and the fastest plan; dominated points are dropped, sorted by
+  increasing bytes."""
   lo = least_peak(costs, n, final_bytes)
   everything = sum(c.stored_bytes + c.transient_bytes for c in costs) + final_bytes
   fastest = solve_policy(costs, n, everything, final_bytes)  # the least time, least held
   hi = max(lo, peak_bytes(fastest, final_bytes))
-  found = {}
+  # The fastest plan itself: solved for its own peak, the DP's rounded-up bytes may miss it.
+  found = {peak_bytes(fastest, final_bytes): (sum(c.seconds for c in fastest), fastest)}
   for budget in sorted({lo + (hi - lo) * k // max(points - 1, 1) for k in range(points)}):
     try:
       groups = solve_policy(costs, n, budget, final_bytes)
