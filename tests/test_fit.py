@@ -12,7 +12,8 @@ from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
 from jaxremat._api.planner import make_planner
 from jaxremat._backends.policy_options import OptionCosts
-from jaxremat._backends.roofline import Roofline, local_roofline
+from jaxremat._backends.roofline import Roofline, cost, local_roofline
+from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import trace
 from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
                                          Option, PolicyPlan)
@@ -228,3 +229,61 @@ def test_fit_segments_a_scanned_stack():
   want = jax.grad(training_loss(model.apply, {}))(params, x)
   _assert_trees_close(want, jaxremat.jit(jax.grad(training_loss(fitted.fn, {})))(params, x),
                       1e-5)
+
+
+def test_cost_counts_a_scan_body_once_per_iteration():
+  """XLA's cost analysis counts a loop's body once; the roofline's cost counts every
+  iteration, segmented scans (a scan of checkpointed scans) included."""
+  w, x = jax.ShapeDtypeStruct((12, 64, 64), jnp.float32), jax.ShapeDtypeStruct((8, 64), jnp.float32)
+
+  def stack(w, x):
+    return jax.lax.scan(lambda c, wi: (jnp.tanh(c @ wi), None), x, w)[0]
+
+  def segmented(w, x):
+    inner = jax.checkpoint(stack)
+    return jax.lax.scan(lambda c, ws: (inner(ws, c), None), x, w.reshape(3, 4, 64, 64))[0]
+
+  one = cost(lambda wi, x: jnp.tanh(x @ wi), w.update(shape=(64, 64)), x)[0]
+  assert one >= 2 * 8 * 64 * 64  # the product's FLOPs
+  assert cost(stack, w, x)[0] == pytest.approx(12 * one, rel=0.01)
+  assert cost(segmented, w, x)[0] == pytest.approx(12 * one, rel=0.01)
+
+
+def test_fit_keeps_a_scanned_stacks_products_under_a_policy():
+  """A scanned stack is offered jax's dots policies, one iteration per segment (a user's
+  trial: only "keep segmented" or "recompute whole" were offered, the frontier had one
+  point): the option keeps more than the segmented stack and recomputes less, and its
+  drop-in measures what fit reports, with the plain gradients."""
+  model, x = _Scanned(), jax.random.normal(KEY, (256, 16))
+  params = model.init(KEY, x)
+  written = trace(model.apply, params, x, {}, None)
+  traced, scans = _scan.rewrite(written, "auto")
+  stack = scans[0].layer
+  planner = make_planner(traced, scans, params, x, {}, False, None)
+  costs = OptionCosts(traced, planner.chain, local_roofline(), scans, written)
+  kept, dots = (costs.of(Group(stack, stack + 1, Option(kind))) for kind in (KEEP, DOTS))
+  assert dots.stored_bytes > kept.stored_bytes and 0 < dots.seconds < kept.seconds
+  plan = PolicyPlan(tuple(Group(i, i + 1, Option(DOTS if i == stack else KEEP))
+                          for i in range(len(traced.layers))))
+  segments, policies = _scan.layout(scans, {stack: DOTS})
+  assert segments[0] == 1 and policies[0] == DOTS
+  fn = DropIn(model.apply, plan, None, _scan.rewrite(written, segments, policies)[0],
+              input_key(params, x, {}), segments, policies)
+  loss = training_loss(fn, {})
+  plain = jaxremat.measure(training_loss(model.apply, {}), params, x).total_bytes
+  assert kept_measured(model, params, x, traced, scans) < jaxremat.measure(loss, params, x).total_bytes < plain
+  _assert_trees_close(jax.grad(training_loss(model.apply, {}))(params, x),
+                      jaxremat.jit(jax.grad(loss))(params, x), 1e-5)
+  fitted = jaxremat.fit(model.apply, params, x, 0.75, time_steps=False)
+  assert fitted.measured_total_bytes <= fitted.budget_bytes
+  assert jaxremat.measure(training_loss(fitted.fn, {}), params, x).total_bytes == (
+      fitted.measured_total_bytes)
+
+
+def kept_measured(model, params, x, traced, scans):
+  """XLA's footprint of the stack kept segmented (the model's default segments)."""
+  n = len(traced.layers)
+  plan = PolicyPlan(tuple(Group(i, i + 1, Option(KEEP)) for i in range(n)))
+  segments = tuple(s.segment for s in scans)
+  fn = DropIn(model.apply, plan, None, traced, input_key(params, x, {}), segments)
+  return jaxremat.measure(training_loss(fn, {}), params, x).total_bytes

@@ -55,9 +55,11 @@ class DropIn:
   """
 
   def __init__(self, model_fn: Callable[..., Any], plan: Plan | PolicyPlan, layer_depth: int | None,
-               traced: TracedChain, key: InputKey, segments: tuple[int, ...] | None = None):
+               traced: TracedChain, key: InputKey, segments: tuple[int, ...] | None = None,
+               scan_policies: tuple[str | None, ...] | None = None):
     self._model_fn = model_fn
     self._segments = segments
+    self._scan_policies = scan_policies
     self._plan = plan
     self._layer_depth = layer_depth
     self._names = tuple(layer.name for layer in traced.layers)
@@ -72,7 +74,7 @@ class DropIn:
   def _trace(self, params: Any, batch: Any, kwargs: dict[str, Any]) -> TracedChain:
     traced = trace(self._model_fn, params, batch, kwargs, self._layer_depth)
     if self._segments is not None:
-      traced, _ = _scan.rewrite(traced, self._segments)
+      traced, _ = _scan.rewrite(traced, self._segments, self._scan_policies)
     return traced
 
   def __call__(self, params: Any, batch: Any, **kwargs: Any) -> Any:

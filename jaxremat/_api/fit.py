@@ -24,7 +24,7 @@ from jaxremat._api.measure import measure
 from jaxremat._api.planner import ChainPlanner, check_holds_inputs, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._backends.measure import compile_step
-from jaxremat._backends.policy_options import OptionCosts, group_costs
+from jaxremat._backends.policy_options import OptionCosts, group_costs, scan_policy
 from jaxremat._backends.replay import Replay, compile_replay
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.step_time import best_step_seconds
@@ -196,15 +196,25 @@ def fit(
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
   written = traced
   traced, scans = _scan.rewrite(traced, "auto")  # scanned stacks segmented, as apply does
-  segments = tuple(s.segment for s in scans) if scans else None
+  segmented = frozenset(s.layer for s in scans if s.rematerialised)
+
+  def drop_in(plan: Plan | PolicyPlan) -> DropIn:
+    """The plan's drop-in: scans segmented; one iteration per segment under the policy
+    where the plan keeps a stack's matrix products (``scan_policy``)."""
+    if not scans:
+      return DropIn(model_fn, plan, layer_depth, traced, key)
+    policies = {g.start: g.option.kind for g in getattr(plan, "groups", ())
+                if scan_policy(g, segmented)}
+    segments, kinds = _scan.layout(scans, policies)
+    return DropIn(model_fn, plan, layer_depth, _scan.rewrite(written, segments, kinds)[0],
+                  key, segments, kinds)
 
   steps: dict[PolicyPlan, Any] = {}  # compiled steps kept to time them
 
   def measured(plan: Plan | PolicyPlan, as_written: bool = False) -> int:
     with clock("compile"):
-      drop_in = (DropIn(model_fn, plan, layer_depth, written, key) if as_written else
-                 DropIn(model_fn, plan, layer_depth, traced, key, segments))
-      loss, _ = training_loss_with_arrays(drop_in, model_kwargs)
+      fn = DropIn(model_fn, plan, layer_depth, written, key) if as_written else drop_in(plan)
+      loss, _ = training_loss_with_arrays(fn, model_kwargs)
       if not (timed and isinstance(plan, PolicyPlan)):
         return measure(batch_with_arrays(loss), params, (batch, arrays),
                        target=resolved).total_bytes
@@ -223,7 +233,7 @@ def fit(
     assert isinstance(planner, ChainPlanner)  # a graph was rejected above
     chain = planner.chain
     options = OptionCosts(traced, chain, roofline_for(resolved.name if resolved else None),
-                          frozenset(s.layer for s in scans if s.rematerialised))
+                          scans, written)
     costs = group_costs(options)
   fixed, n = planner.fixed_bytes, chain.n
   final = chain.act_bytes[n] + chain.cot_bytes[n]
@@ -288,7 +298,7 @@ def fit(
     _, chosen, footprint = candidates[order[0]]
   plan = as_plan(chosen)
   return Fitted(
-      fn=DropIn(model_fn, plan, layer_depth, traced, key, segments), plan=plan, costs=chosen,
+      fn=drop_in(plan), plan=plan, costs=chosen,
       chain=chain, budget_bytes=budget, fixed_bytes=fixed, no_remat_bytes=no_remat,
       predicted_total_bytes=predicted(chosen),
       predicted_seconds=sum(c.seconds for c in chosen), measured_total_bytes=footprint,

@@ -25,8 +25,10 @@ import jax
 
 from jaxremat._backends.roofline import Roofline, cost
 from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import policy_segment
 from jaxremat._jaxpr.layer_vjp import spec, vjp_of
+from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._jaxpr.signature import layer_signature
 from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Chain
@@ -67,14 +69,19 @@ class OptionCosts:
     traced: the traced chain (not a graph).
     chain: its profile (``Planner.chain``): bytes per layer as XLA is modelled to keep them.
     roofline: the target's rates.
-    segmented: layers whose scanned stack runs segmented (each segment recomputed in the
-      backward pass): kept, they cost one forward pass of recompute.
+    scans: the scanned stacks as ``traced`` runs them; a segmented one (each segment
+      recomputed in the backward pass) costs one forward pass of recompute when kept.
+      Under a policy that keeps its matrix products, a stack runs one iteration per
+      segment under that policy (``scan_policy``).
+    written: the model as written (``traced`` before its scans were segmented).
   """
 
   def __init__(self, traced: TracedChain, chain: Chain, roofline: Roofline,
-               segmented: frozenset[int] = frozenset()):
+               scans: tuple[ScanPlan, ...] = (), written: TracedChain | None = None):
     self.traced, self.chain, self.roofline = traced, chain, roofline
-    self.segmented = segmented
+    self.scans = scans
+    self.segmented = frozenset(s.layer for s in scans if s.rematerialised)
+    self.written = written or traced
     self._grad_invariants = set(traced.param_vars) | set(traced.prelude_outputs)
     self._measured: dict[tuple[Hashable, Option], tuple[int, float]] = {}
     self._forward: dict[Hashable, tuple[float, float]] = {}
@@ -96,6 +103,8 @@ class OptionCosts:
                        sum(self.of(Group(i, i + 1, Option(RECOMPUTE))).seconds
                            for i in range(l, r)))
     b, e = c.res_bytes[l], c.input_res_bytes[l]
+    if scan_policy(group, self.segmented):
+      return self._scanned(group)
     if group.option.kind == KEEP:
       seconds = self._measure(l, Option(RECOMPUTE))[1] if l in self.segmented else 0.0
       return GroupCost(group, b, self._base(l), seconds)
@@ -105,17 +114,42 @@ class OptionCosts:
     return GroupCost(group, c.act_bytes[l] + min(kept, max(b - e, 0)),
                      max(b - e - kept, 0) + host + self._base(l), seconds, host)
 
-  def _measure(self, i: int, option: Option) -> tuple[int, float]:
-    layer = self.traced.layers[i]
+  def _scanned(self, group: Group) -> GroupCost:
+    """A scanned stack run one iteration per segment under a policy that keeps its
+    matrix products: it holds what the policy keeps of every iteration (bytes as JAX's
+    partial evaluation saves them), and its backward recomputes the rest one iteration
+    at a time."""
+    c, l, kind = self.chain, group.start, group.option.kind
+    segments, policies = _scan.layout(self.scans, {l: kind})
+    variant = _scan.rewrite(self.written, segments, policies)[0]
+    kept, _ = self._measure(l, Option(KEEP), variant)
+    _, seconds = self._measure(l, group.option, self.written)
+    every, _ = self._measure(l, Option(KEEP), self.written)
+    length = next(s.length for s in self.scans if s.layer == l)
+    transient = max(every - kept, 0) // length
+    return GroupCost(group, c.act_bytes[l] + kept,
+                     transient + c.cot_bytes[l] + c.cot_bytes[l + 1], seconds)
+
+  def _measure(self, i: int, option: Option,
+               traced: TracedChain | None = None) -> tuple[int, float]:
+    traced = traced or self.traced
+    layer = traced.layers[i]
     key = layer_signature(layer, layer.inputs, self._grad_invariants, i > 0)
-    key = ("layer", i) if key is None else key
+    key = ("layer", i, id(traced)) if key is None else key
     if key not in self._forward:
-      fn, in_vars, _ = policy_segment(self.traced, Group(i, i + 1, Option(KEEP)))
+      fn, in_vars, _ = policy_segment(traced, Group(i, i + 1, Option(KEEP)))
       self._forward[key] = cost(fn, *map(spec, in_vars))
     if (key, option) not in self._measured:
-      self._measured[(key, option)] = _measure(self.traced, i, option, self._grad_invariants,
+      self._measured[(key, option)] = _measure(traced, i, option, self._grad_invariants,
                                                self.roofline, self._forward[key])
     return self._measured[(key, option)]
+
+
+def scan_policy(group: Group, segmented: frozenset[int]) -> bool:
+  """Whether ``group`` runs a segmented scanned stack under a policy that keeps its matrix
+  products, one iteration per segment (``_scan.layout``)."""
+  return (group.stop - group.start == 1 and group.start in segmented
+          and group.option.kind in (DOTS, DOTS_NO_BATCH))
 
 
 def _products(traced: TracedChain, i: int) -> list[int]:
@@ -141,11 +175,13 @@ def _product_flops(eqn: Any) -> float:
 
 
 def _candidates(traced: TracedChain, i: int, offload: bool) -> list[Option]:
-  products = _products(traced, i)
   options = [Option(RECOMPUTE)]
-  if not products:
+  if not _spared(traced.layers[i].eqns, Option(DOTS)):
     return options
   options += [Option(DOTS), Option(DOTS_NO_BATCH)]
+  products = _products(traced, i)  # those the layer runs itself: named, saved or offloaded
+  if not products:
+    return options
   m = len(products)
   prefixes = sorted({max(1, m * j // (NAME_OPTIONS + 1)) for j in range(1, NAME_OPTIONS + 1)})
   for p in prefixes:
@@ -180,19 +216,25 @@ def _measure(traced: TracedChain, i: int, option: Option, grad_invariants: set,
   arguments = set(jaxpr.invars)
   kept = sum(_compat.aval_bytes(v.aval) for v in dict.fromkeys(
       v for v in jaxpr.outvars if not isinstance(v, _compat.Literal) and v not in arguments))
-  eqns = traced.layers[i].eqns
-  if option.kind == NAMES:
-    spared = [eqns[k] for k in (*option.saved, *option.offloaded)]
-  elif option.kind in (DOTS, DOTS_NO_BATCH):
-    spared = [e for e in eqns if e.primitive.name in _PRODUCTS
-              and (option.kind == DOTS or _no_batch_dims(e))]
-  else:
-    spared = []
-  flops = forward[0] - sum(_product_flops(e) for e in spared)
-  touched = forward[1] - sum(_compat.aval_bytes(v.aval) for e in spared
+  spared = _spared(traced.layers[i].eqns, option)
+  flops = forward[0] - sum(t * _product_flops(e) for e, t in spared)
+  touched = forward[1] - sum(t * _compat.aval_bytes(v.aval) for e, t in spared
                              for v in (*e.invars, *e.outvars) if hasattr(v, "aval"))
   seconds = roofline.seconds(max(flops, 0.0), max(touched, 0.0))
   return max(kept - _offloaded_bytes(traced, i, option), 0), seconds
+
+
+def _spared(eqns: Any, option: Option) -> list[tuple[Any, int]]:
+  """The products whose outputs ``option`` keeps (or offloads), each with how many times
+  a run of ``eqns`` makes it (a scan body's, once per iteration): the backward does not
+  recompute them."""
+  if option.kind == NAMES:
+    return [(eqns[k], 1) for k in (*option.saved, *option.offloaded)]
+  if option.kind not in (DOTS, DOTS_NO_BATCH):
+    return []
+  return [(e, t) for e, t in _compat.weighted_eqns(eqns)
+          if e.primitive.name in _PRODUCTS and _compat.is_float(e.outvars[0].aval)
+          and (option.kind == DOTS or _no_batch_dims(e))]
 
 
 def _no_batch_dims(eqn: Any) -> bool:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
+import jax.extend.core as jex_core
 import jax.numpy as jnp
 
 from jaxremat._backends.step_time import best_step_seconds
@@ -63,8 +64,39 @@ GPU_ROOFLINES: Mapping[str, Roofline] = {
 def cost(fn: Callable[..., Any], *args: Any) -> tuple[float, float]:
   """``(flops, bytes accessed)`` of ``jax.jit(fn)`` for ``args`` (arrays or
   ``ShapeDtypeStruct``s) by XLA's cost analysis of the program compiled on the local
-  backend (fusions counted once)."""
-  analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+  backend (fusions counted once), each scan's body counted once per iteration: XLA's
+  analysis counts a loop's body once."""
+  return _loop_cost(jax.make_jaxpr(fn)(*args))
+
+
+def _loop_cost(closed: jex_core.ClosedJaxpr) -> tuple[float, float]:
+  """XLA's figures for ``closed``, plus ``length - 1`` more runs of each scan body (and
+  of the scans inside it, counted the same way)."""
+  flops, touched = _xla_cost(closed)
+  for eqn in _outer_scans(closed.jaxpr.eqns):
+    body = eqn.params["jaxpr"]
+    once, every = _xla_cost(body), _loop_cost(body)
+    flops += eqn.params["length"] * every[0] - once[0]
+    touched += eqn.params["length"] * every[1] - once[1]
+  return flops, touched
+
+
+def _outer_scans(eqns: Any) -> Iterator[Any]:
+  """The scan equations of ``eqns`` and of the jaxprs nested in them, not inside a scan."""
+  for eqn in eqns:
+    if eqn.primitive.name == "scan":
+      yield eqn
+      continue
+    for value in eqn.params.values():
+      for inner in value if isinstance(value, (tuple, list)) else (value,):
+        jaxpr = inner.jaxpr if isinstance(inner, jex_core.ClosedJaxpr) else inner
+        if isinstance(jaxpr, jex_core.Jaxpr):
+          yield from _outer_scans(jaxpr.eqns)
+
+
+def _xla_cost(closed: jex_core.ClosedJaxpr) -> tuple[float, float]:
+  args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+  analysis = jax.jit(jex_core.jaxpr_as_fun(closed)).lower(*args).compile().cost_analysis()
   if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
     analysis = analysis[0] if analysis else {}
   analysis = analysis or {}

@@ -86,6 +86,19 @@ def draws_random_bits(eqns: Iterable[JaxprEqn]) -> bool:
   return False
 
 
+def weighted_eqns(eqns: Iterable[JaxprEqn], times: int = 1) -> Iterator[tuple[JaxprEqn, int]]:
+  """Every equation of ``eqns`` and of the jaxprs nested in their parameters, with how
+  many times a run executes it (a scan body's, ``length`` times per run of the scan)."""
+  for eqn in eqns:
+    yield eqn, times
+    inner_times = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
+    for value in eqn.params.values():
+      for inner in value if isinstance(value, (tuple, list)) else (value,):
+        jaxpr = inner.jaxpr if isinstance(inner, jex_core.ClosedJaxpr) else inner
+        if isinstance(jaxpr, jex_core.Jaxpr):
+          yield from weighted_eqns(jaxpr.eqns, inner_times)
+
+
 def fusible(eqn: JaxprEqn, primitives: frozenset = FUSIBLE_PRIMITIVES) -> bool:
   """True when XLA fuses ``eqn`` into its consumer: one of ``primitives``, or a call
   (``jit``, ``custom_jvp``) of only such primitives."""

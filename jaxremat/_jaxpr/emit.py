@@ -225,7 +225,14 @@ def policy_segment(traced: TracedChain, group: Group) -> _Segment:
     else:
       policy = policies.save_only_these_names(*saved)
   else:
-    policy = {DOTS: policies.dots_saveable,
-              DOTS_NO_BATCH: policies.dots_with_no_batch_dims_saveable}.get(
-                  option.kind, policies.nothing_saveable)
+    policy = jax_policy(option.kind)
   return jax.checkpoint(fn, prevent_cse=True, policy=policy), in_vars, out_vars
+
+
+def jax_policy(kind: str | None) -> Callable[..., bool]:
+  """JAX's checkpoint policy for a policy option: ``DOTS``, ``DOTS_NO_BATCH`` keep the
+  outputs of matrix products; anything else (``RECOMPUTE``, ``None``) keeps nothing."""
+  policies = jax.checkpoint_policies
+  return {DOTS: policies.dots_saveable,
+          DOTS_NO_BATCH: policies.dots_with_no_batch_dims_saveable}.get(
+              kind or "", policies.nothing_saveable)

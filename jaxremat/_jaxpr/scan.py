@@ -24,6 +24,7 @@ from jax.extend import core as jex_core
 
 from jaxremat._errors import UnsupportedScanError
 from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr.emit import jax_policy
 from jaxremat._jaxpr.layer_vjp import flops as layer_flops
 from jaxremat._jaxpr.residuals import residuals
 from jaxremat._jaxpr.trace import Layer, TracedChain
@@ -61,14 +62,18 @@ class ScanPlan:
     return self.segment < self.length
 
 
-def rewrite(traced: TracedChain,
-            segment: int | str | Sequence[int]) -> tuple[TracedChain, tuple[ScanPlan, ...]]:
+def rewrite(traced: TracedChain, segment: int | str | Sequence[int],
+            policies: Sequence[str | None] | None = None
+            ) -> tuple[TracedChain, tuple[ScanPlan, ...]]:
   """Finds the scanned layer stacks of ``traced`` and segments them.
 
   Args:
     traced: the traced model.
     segment: ``"auto"`` (each stack's ``k`` by ``choose_segment``), an int (the same
       ``k`` for every stack), or one ``k`` per stack in order (to replay a choice).
+    policies: per stack in order, what its segments' ``jax.checkpoint`` keeps: ``None``
+      (nothing) or a policy option (``DOTS``, ``DOTS_NO_BATCH``: the outputs of its
+      matrix products, in every iteration).
 
   Returns:
     The traced model with each segmented scan replaced, and a ``ScanPlan`` per stack.
@@ -108,10 +113,11 @@ def rewrite(traced: TracedChain,
             f"segment length {k} does not divide the {n} iterations of the scan in layer "
             f"{layer.name!r}; use one of {divisors(n)}.")
     optimal = peak_bytes(chain, _optimal(chain))
+    policy = policies[j] if policies else None
     plans.append(ScanPlan(li, layer.name, n, k, chain, optimal))
-    if k < n:
+    if k < n or policy:
       eqns = list(layer.eqns)
-      eqns[ei] = nested_scan_eqn(eqn, k)
+      eqns[ei] = nested_scan_eqn(eqn, k, policy)
       layers[li] = dataclasses.replace(layer, eqns=tuple(eqns))
   return dataclasses.replace(traced, layers=tuple(layers)), tuple(plans)
 
@@ -200,6 +206,15 @@ def _every(n: int, k: int) -> Plan:
   return Plan(tuple(range(k, n, k)))
 
 
+def layout(scans: Sequence[ScanPlan], policies: dict[int, str]
+           ) -> tuple[tuple[int, ...], tuple[str | None, ...]]:
+  """``rewrite``'s segments and policies for ``scans`` as planned, except that the stacks
+  of the layers in ``policies`` (layer index: policy option) run one iteration per
+  segment under that policy (as a ``remat`` of the block with the policy inside a scan)."""
+  return (tuple(1 if s.layer in policies else s.segment for s in scans),
+          tuple(policies.get(s.layer) for s in scans))
+
+
 def divisors(n: int) -> list[int]:
   """The divisors of ``n``, ascending: the segment lengths a stack of ``n`` allows."""
   return [k for k in range(1, n + 1) if n % k == 0]
@@ -211,9 +226,11 @@ def _optimal(chain: Chain) -> Plan:
   return solve(chain, "optimal")
 
 
-def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int) -> _compat.JaxprEqn:
+def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None
+                    ) -> _compat.JaxprEqn:
   """An equation computing what ``eqn`` (a forward scan of length ``n``) computes, as an
-  outer scan over ``n / k`` segments, each a ``jax.checkpoint`` of a scan over ``k``."""
+  outer scan over ``n / k`` segments, each a ``jax.checkpoint`` of a scan over ``k``
+  (keeping what ``policy``, a policy option, keeps; by default nothing)."""
   params = eqn.params
   body = jex_core.jaxpr_as_fun(params["jaxpr"])
   nc, ncarry, n = params["num_consts"], params["num_carry"], params["length"]
@@ -232,7 +249,9 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int) -> _compat.JaxprEqn:
 
     # The stacked xs enter each segment whole and are sliced inside it: as a loop
     # invariant the outer scan keeps them once, not as a per-segment residual copy.
-    carry, ys = jax.lax.scan(jax.checkpoint(segment, prevent_cse=True), carry, jnp.arange(m))
+    checkpointed = jax.checkpoint(segment, prevent_cse=True,
+                                  policy=jax_policy(policy) if policy else None)
+    carry, ys = jax.lax.scan(checkpointed, carry, jnp.arange(m))
     return [*carry, *(y.reshape(n, *y.shape[2:]) for y in ys)]
 
   avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in map(_compat.array_aval, eqn.invars)]
