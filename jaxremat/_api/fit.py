@@ -146,7 +146,8 @@ def fit(
   The bytes are scaled once so that keeping every residual predicts the no-remat
   footprint. A scanned layer stack (``nn.scan``, ``jax.lax.scan`` over stacked
   parameters) runs segmented as ``apply`` runs it (``scan_segment="auto"``); kept, it
-  costs one forward pass of recompute.
+  costs one forward pass of recompute; under ``dots`` or ``dots-no-batch`` it runs one
+  iteration per segment under that policy (``nn.remat`` of the block inside the scan).
 
   Args:
     model_fn, params, batch, layer_depth, target, **model_kwargs: as for ``apply``.
