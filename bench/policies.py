@@ -14,7 +14,8 @@ slow spells fall on all alike). Strategies:
   returns the fastest of the fitting plans it timed: ``timed_by_fit`` in the JSON);
 * ``layer budget``: ``jaxremat.apply(..., budget_bytes=)``, layer boundaries only;
 * ``nothing``, ``dots``, ``dots-no-batch``: every layer under ``jax.checkpoint`` with
-  ``nothing_saveable``, ``dots_saveable``, ``dots_with_no_batch_dims_saveable``;
+  ``nothing_saveable``, ``dots_saveable``, ``dots_with_no_batch_dims_saveable`` (a
+  scanned stack: each of its blocks, as ``nn.remat(Block, policy=...)`` in the scan);
 * ``save-qkv`` (MaxText-style): every layer keeps the outputs of its products named
   ``query``, ``key``, ``value`` or ``qkv`` and recomputes the rest;
 * ``save-attention-dots`` (MaxText-style "save the dots except the MLP's"): every layer
@@ -45,7 +46,7 @@ import jax
 import numpy as np
 
 import jaxremat
-from jaxremat._api.dropin import DropIn, input_key
+from jaxremat._api.dropin import input_key, policy_drop_in
 from jaxremat._api.loss import training_loss
 from jaxremat._api.planner import make_planner
 from jaxremat._backends.measure import compile_step
@@ -53,8 +54,9 @@ from jaxremat._backends.policy_options import OptionCosts
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.step_time import best_step_seconds
 from jaxremat._backends.targets import Target, get_target
+from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import trace
-from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, NAMES, RECOMPUTE, Group,
+from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
                                          Option, PolicyPlan, from_plan)
 from jaxremat.zoo_registry import tagged
 
@@ -107,11 +109,14 @@ def auto_remat_target(name: str, limit_bytes: int) -> Target:
 def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: str | None,
               rounds: int) -> list[dict]:
   apply_kwargs = dict(kwargs)
-  traced = trace(model.apply, params, x, apply_kwargs, None)
+  written = trace(model.apply, params, x, apply_kwargs, None)
+  traced, scans = _scan.rewrite(written, "auto")  # as fit segments them
   n = len(traced.layers)
-  planner = make_planner(traced, (), params, x, apply_kwargs, False, get_target(target))
-  costs = OptionCosts(traced, planner.chain, roofline_for(target))
+  planner = make_planner(traced, scans, params, x, apply_kwargs, False, get_target(target))
+  costs = OptionCosts(traced, planner.chain, roofline_for(target), scans, written)
   fixed = planner.fixed_bytes
+  key = input_key(params, x, apply_kwargs)
+  scanned = {s.layer for s in scans}
   steps: dict[Any, Any] = {}  # one compiled step per distinct program, timed together
 
   def predicted_seconds(plan: PolicyPlan) -> float:
@@ -125,8 +130,8 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
     return footprint.total_bytes
 
   layers = traced.layers
-  fixed_plans = {
-      "nothing": per_layer(n, lambda i: Option(RECOMPUTE)),
+  fixed_plans = {  # a scanned stack's "nothing": each block under jax.checkpoint in the scan
+      "nothing": per_layer(n, lambda i: Option(KEEP if i in scanned else RECOMPUTE)),
       "dots": per_layer(n, lambda i: Option(DOTS)),
       "dots-no-batch": per_layer(n, lambda i: Option(DOTS_NO_BATCH)),
   }
@@ -143,7 +148,8 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
     measured("no remat, again", model.apply)
   strategies: dict[str, dict[str, Any]] = {}
   for label, plan in fixed_plans.items():
-    fn = DropIn(model.apply, plan, None, traced, input_key(params, x, apply_kwargs))
+    fn = policy_drop_in(model.apply, plan, None, written, scans, key,
+                        per_iteration=label == "nothing")
     strategies[label] = {"bytes": measured(plan, fn), "program": plan,
                          "predicted_s": predicted_seconds(plan)}
   rows = []
@@ -326,7 +332,7 @@ def merge(paths: list[str], out: str) -> None:
 
 def models(names: list[str] | None) -> list[tuple[str, Any, Any, Any, dict]]:
   found = []
-  for spec in tagged("cpu"):
+  for spec in (*tagged("cpu"), *tagged("scan")):
     if names is None or spec.name in names:
       model, x, params = spec.instantiate()
       found.append((spec.name, model, x, params, spec.apply_kwargs()))

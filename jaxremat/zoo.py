@@ -247,6 +247,32 @@ class TransformerBlock(nn.Module):
     return x + y
 
 
+class _ScannedBlock(TransformerBlock):
+  """A ``TransformerBlock`` with ``nn.scan``'s signature: ``(carry, x) -> (carry, y)``."""
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, _: None) -> tuple[jnp.ndarray, None]:  # type: ignore[override]
+    return TransformerBlock.__call__(self, x), None
+
+
+class ScannedBlocks(nn.Module):
+  """``depth`` pre-LN blocks as one ``nn.scan`` over stacked parameters (the layout of
+  MaxText and large Flax models)."""
+
+  depth: int
+  num_heads: int
+  mlp_dim: int
+  causal: bool = False
+  dtype: jnp.dtype | None = None
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    stack = nn.scan(_ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+                    length=self.depth)
+    x, _ = stack(self.num_heads, self.mlp_dim, self.causal, self.dtype, name="blocks")(x, None)
+    return x
+
+
 def mean_over_tokens(x: jnp.ndarray) -> jnp.ndarray:
   """Means a ``(batch, seq, dim)`` array over its tokens."""
   return jnp.mean(x, axis=1)
@@ -282,12 +308,16 @@ def gpt(
     mlp_ratio: int = 4,
     causal: bool = True,
     dtype: jnp.dtype | None = None,
+    scan: bool = False,
 ) -> nn.Sequential:
   """A GPT-style decoder as a chain: token + position embedding, ``depth`` pre-LN blocks
-  (causal attention), final LayerNorm, per-token logits over ``vocab_size``. Input:
-  integer tokens ``(batch, seq)`` with ``seq <= max_len``."""
-  blocks = [TransformerBlock(num_heads, mlp_ratio * dim, causal=causal, dtype=dtype)
-            for _ in range(depth)]
+  (causal attention; with ``scan``, one ``nn.scan`` over them), final LayerNorm,
+  per-token logits over ``vocab_size``. Input: integer tokens ``(batch, seq)`` with
+  ``seq <= max_len``."""
+  blocks: list[nn.Module] = (
+      [ScannedBlocks(depth, num_heads, mlp_ratio * dim, causal=causal, dtype=dtype)] if scan
+      else [TransformerBlock(num_heads, mlp_ratio * dim, causal=causal, dtype=dtype)
+            for _ in range(depth)])
   return nn.Sequential([TokenEmbed(vocab_size, dim, max_len, dtype=dtype), *blocks,
                         nn.LayerNorm(dtype=dtype), nn.Dense(vocab_size, dtype=dtype)])
 

@@ -6,7 +6,8 @@ Each ``BenchModel`` says how to build its flax module, the example batch (a
 * ``cpu``: the CPU zoo of ``bench/memory.py`` (``cpu-quick``: its ``--quick`` run);
 * ``bench``: ``jaxremat bench`` (``bench-quick``: its default ``--quick`` models);
 * ``gpu``: ``bench/gpu_validate.py`` (``gpu-quick``: its ``--quick`` run);
-* ``gpu-earlier``: GPU models of earlier runs, read by ``bench/gpu_offline.py``.
+* ``gpu-earlier``: GPU models of earlier runs, read by ``bench/gpu_offline.py``;
+* ``scan``: scanned layer stacks, in ``bench/policies.py`` beside the CPU zoo.
 
 Names are those of the recorded results; batches are drawn with key 1 (``example``).
 """
@@ -102,6 +103,9 @@ MODELS: tuple[BenchModel, ...] = (
     _m("gpt-causal-d64-L6-s128",
        lambda: zoo.gpt(vocab_size=256, max_len=128, dim=64, depth=6, num_heads=4),
        _f(8, 128, dtype=jnp.int32), "cpu"),
+    _m("gpt-scan-d64-L6-s128",
+       lambda: zoo.gpt(vocab_size=256, max_len=128, dim=64, depth=6, num_heads=4, scan=True),
+       _f(8, 128, dtype=jnp.int32), "scan"),
     _m("mlp-uneven", lambda: zoo.mlp(_UNEVEN), _f(256, 300), "cpu", "cpu-quick", "bench",
        "bench-quick", quick=_f(_VECTORS_QUICK, 300)),
     _m("mlp-uneven-bf16", lambda: zoo.mlp(_UNEVEN, dtype=jnp.bfloat16),

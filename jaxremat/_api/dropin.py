@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from jaxremat._api.compile import warn_if_barriers_dropped
+from jaxremat._backends.policy_options import scan_policy
 from jaxremat._errors import InputMismatchError, JaxrematError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import emit
@@ -123,3 +124,24 @@ class DropIn:
     if key[1][0] != self._batch_key[0]:
       raise InputMismatchError(
           f"batch has structure {key[1][0]}, but the plan was made for {self._batch_key[0]}.")
+
+
+def policy_drop_in(model_fn: Callable[..., Any], plan: Plan | PolicyPlan,
+                   layer_depth: int | None, written: TracedChain,
+                   scans: tuple[_scan.ScanPlan, ...], key: InputKey,
+                   per_iteration: bool = False) -> DropIn:
+  """``plan``'s drop-in for the model as written (``written``), its scanned stacks
+  segmented as ``scans`` say; a stack whose group keeps its products under a policy
+  (``scan_policy``) runs one iteration per segment under it, and with ``per_iteration``
+  every stack runs one iteration per segment (``nn.remat`` of each block in the scan)."""
+  if not scans:
+    return DropIn(model_fn, plan, layer_depth, written, key)
+  segmented = frozenset(s.layer for s in scans if s.rematerialised)
+  policies = {g.start: g.option.kind for g in getattr(plan, "groups", ())
+              if scan_policy(g, segmented)}
+  segments, kinds = _scan.layout(scans, policies)
+  if per_iteration:
+    segments = tuple(1 for _ in scans)
+  return DropIn(model_fn, plan, layer_depth, _scan.rewrite(written, segments, kinds)[0], key,
+                segments, kinds)
+

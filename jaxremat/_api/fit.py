@@ -17,14 +17,14 @@ import jax
 
 from jaxremat._api import checks
 from jaxremat._api.advice import one_layer_hint
-from jaxremat._api.dropin import DropIn, input_key
+from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
 from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
 from jaxremat._api.measure import measure
 from jaxremat._api.planner import ChainPlanner, check_holds_inputs, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._backends.measure import compile_step
-from jaxremat._backends.policy_options import OptionCosts, group_costs, scan_policy
+from jaxremat._backends.policy_options import OptionCosts, group_costs
 from jaxremat._backends.replay import Replay, compile_replay
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.step_time import best_step_seconds
@@ -197,18 +197,9 @@ def fit(
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
   written = traced
   traced, scans = _scan.rewrite(traced, "auto")  # scanned stacks segmented, as apply does
-  segmented = frozenset(s.layer for s in scans if s.rematerialised)
 
   def drop_in(plan: Plan | PolicyPlan) -> DropIn:
-    """The plan's drop-in: scans segmented; one iteration per segment under the policy
-    where the plan keeps a stack's matrix products (``scan_policy``)."""
-    if not scans:
-      return DropIn(model_fn, plan, layer_depth, traced, key)
-    policies = {g.start: g.option.kind for g in getattr(plan, "groups", ())
-                if scan_policy(g, segmented)}
-    segments, kinds = _scan.layout(scans, policies)
-    return DropIn(model_fn, plan, layer_depth, _scan.rewrite(written, segments, kinds)[0],
-                  key, segments, kinds)
+    return policy_drop_in(model_fn, plan, layer_depth, written, scans, key)
 
   steps: dict[PolicyPlan, Any] = {}  # compiled steps kept to time them
 
