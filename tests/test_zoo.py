@@ -127,3 +127,18 @@ def test_bad_names_are_rejected():
   with pytest.raises(ValueError, match="block must be one of"):
     zoo.resnet((1,), block="wide")
   assert isinstance(zoo.remat_layers(zoo.mlp([4, 4])), nn.Sequential)
+
+
+def test_scanned_gpt_runs_segmented_with_the_plain_gradients():
+  """``gpt(scan=True)``: the blocks as one nn.scan over stacked parameters; apply segments
+  the stack, with the plain model's gradients and a smaller footprint."""
+  model = zoo.gpt(vocab_size=32, max_len=16, dim=16, depth=4, num_heads=2, scan=True)
+  params = jax.jit(model.init)(KEY, TOKENS)
+  assert params["params"]["layers_1"]["blocks"]["Dense_0"]["kernel"].shape == (4, 16, 64)
+  r = jaxremat.apply(model.apply, params, TOKENS)
+  assert [s.length for s in r.scans] == [4] and r.scans[0].rematerialised
+  plain = _compiled_step(model.apply, {}, params, TOKENS)
+  remat = _compiled_step(r.fn, {}, params, TOKENS)
+  for want, got in zip(plain(params, TOKENS), remat(params, TOKENS)):
+    _assert_trees_close(want, got, 1e-5)
+  assert _footprint(remat) < _footprint(plain)
