@@ -271,7 +271,8 @@ def test_fit_keeps_a_scanned_stacks_products_under_a_policy():
               input_key(params, x, {}), segments, policies)
   loss = training_loss(fn, {})
   plain = jaxremat.measure(training_loss(model.apply, {}), params, x).total_bytes
-  assert kept_measured(model, params, x, traced, scans) < jaxremat.measure(loss, params, x).total_bytes < plain
+  with_dots = jaxremat.measure(loss, params, x).total_bytes
+  assert _kept_measured(model, params, x, traced, scans) < with_dots < plain
   _assert_trees_close(jax.grad(training_loss(model.apply, {}))(params, x),
                       jaxremat.jit(jax.grad(loss))(params, x), 1e-5)
   fitted = jaxremat.fit(model.apply, params, x, 0.75, time_steps=False)
@@ -280,7 +281,7 @@ def test_fit_keeps_a_scanned_stacks_products_under_a_policy():
       fitted.measured_total_bytes)
 
 
-def kept_measured(model, params, x, traced, scans):
+def _kept_measured(model, params, x, traced, scans):
   """XLA's footprint of the stack kept segmented (the model's default segments)."""
   n = len(traced.layers)
   plan = PolicyPlan(tuple(Group(i, i + 1, Option(KEEP)) for i in range(n)))

@@ -144,4 +144,3 @@ def policy_drop_in(model_fn: Callable[..., Any], plan: Plan | PolicyPlan,
     segments = tuple(1 for _ in scans)
   return DropIn(model_fn, plan, layer_depth, _scan.rewrite(written, segments, kinds)[0], key,
                 segments, kinds)
-

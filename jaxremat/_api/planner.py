@@ -17,7 +17,6 @@ from jaxremat._backends.replay import Replay
 from jaxremat._backends.targets import Target
 from jaxremat._errors import (InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError,
                               NotAChainError)
-from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr import sharding as _sharding
 from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._jaxpr.trace import TracedChain, split_kwargs

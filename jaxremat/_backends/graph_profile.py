@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from jaxremat._backends.profile import backward_temp_bytes
-from jaxremat._backends.targets import Target
 from jaxremat._backends.registry import backend_for
+from jaxremat._backends.targets import Target
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.layer_vjp import flops as layer_flops
 from jaxremat._jaxpr.residuals import residuals
@@ -17,14 +17,14 @@ def profile_graph(traced: TracedChain, calibrate: bool = False,
   """Bytes of every value crossing between layers, what each layer's backward saves, FLOPs.
 
   ``traced`` is a traced graph (``traced.is_graph``); ``platform`` (default: JAX's
-  default backend) is the backend whose fusion rule says what XLA keeps. Values are the batch inputs the
-  layers read (made by unit 0, no cotangent) and every layer output a later layer or the
-  model's result reads. A layer's saved inputs and outputs are values (counted once
-  however many layers save them); its other residuals are private bytes. With
-  ``calibrate`` (one small compile per layer, for ``target`` when given), what XLA's temp needs for the layer's
-  backward beyond the residuals it computes becomes its workspace: the cotangents and
-  gradient buffers inside a layer (a U-Net level of two convs), which model G does not
-  otherwise see.
+  default backend) is the backend whose fusion rule says what XLA keeps. Values are the
+  batch inputs the layers read (made by unit 0, no cotangent) and every layer output a
+  later layer or the model's result reads. A layer's saved inputs and outputs are values
+  (counted once however many layers save them); its other residuals are private bytes.
+  With ``calibrate`` (one small compile per layer, for ``target`` when given), what XLA's
+  temp needs for the layer's backward beyond the residuals it computes becomes its
+  workspace: the cotangents and gradient buffers inside a layer (a U-Net level of two
+  convs), which model G does not otherwise see.
   """
   layers = traced.layers
   n = len(layers)
