@@ -65,9 +65,10 @@ def _tied(fn: Callable[..., Any], eqns: Sequence[Any], in_vars: list,
   the start of the step and hold them all (dropout: the bits of every block at once).
   Tied to the segment's activation, a segment's bits are drawn when it runs. A typed key
   goes through the barrier as its key data, wrapped again after it. The barrier passes
-  tangents through untouched (``_barrier``): its own derivative rule makes every
-  operand's tangent concrete, a raw ``uint32`` key's included, and some key primitives
-  have no derivative rule (``random_clone``, which ``nn.scan`` applies to its rngs).
+  tangents through untouched (``_barrier``): ``optimization_barrier``'s own derivative
+  rule makes every operand's tangent concrete, a raw ``uint32`` key's included, and some
+  key primitives have no derivative rule (``random_clone``, which ``nn.scan`` applies to
+  its rngs).
   """
   if not _compat.draws_random_bits(eqns):
     return fn
