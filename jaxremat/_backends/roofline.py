@@ -19,6 +19,7 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 
 from jaxremat._backends.step_time import best_step_seconds
+from jaxremat._jaxpr import compat as _compat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +88,8 @@ def _outer_scans(eqns: Any) -> Iterator[Any]:
     if eqn.primitive.name == "scan":
       yield eqn
       continue
-    for value in eqn.params.values():
-      for inner in value if isinstance(value, (tuple, list)) else (value,):
-        jaxpr = inner.jaxpr if isinstance(inner, jex_core.ClosedJaxpr) else inner
-        if isinstance(jaxpr, jex_core.Jaxpr):
-          yield from _outer_scans(jaxpr.eqns)
+    for jaxpr in _compat.param_jaxprs(eqn.params):
+      yield from _outer_scans(jaxpr.eqns)
 
 
 def _xla_cost(closed: jex_core.ClosedJaxpr) -> tuple[float, float]:

@@ -75,28 +75,17 @@ RANDOM_PRIMITIVES = frozenset({"random_bits", "rng_bit_generator", "threefry2x32
 
 def draws_random_bits(eqns: Iterable[JaxprEqn]) -> bool:
   """True when ``eqns`` (or a jaxpr nested in one of their parameters) draw random bits."""
-  for eqn in eqns:
-    if eqn.primitive.name in RANDOM_PRIMITIVES:
-      return True
-    for value in eqn.params.values():
-      for inner in value if isinstance(value, (tuple, list)) else (value,):
-        jaxpr = inner.jaxpr if isinstance(inner, jex_core.ClosedJaxpr) else inner
-        if isinstance(jaxpr, jex_core.Jaxpr) and draws_random_bits(jaxpr.eqns):
-          return True
-  return False
+  return any(eqn.primitive.name in RANDOM_PRIMITIVES for eqn in all_eqns(eqns))
 
 
 def weighted_eqns(eqns: Iterable[JaxprEqn], times: int = 1) -> Iterator[tuple[JaxprEqn, int]]:
-  """Every equation of ``eqns`` and of the jaxprs nested in their parameters, with how
-  many times a run executes it (a scan body's, ``length`` times per run of the scan)."""
+  """``all_eqns``, each with how many times a run executes it (a scan body's, ``length``
+  times per run of the scan)."""
   for eqn in eqns:
     yield eqn, times
     inner_times = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
-    for value in eqn.params.values():
-      for inner in value if isinstance(value, (tuple, list)) else (value,):
-        jaxpr = inner.jaxpr if isinstance(inner, jex_core.ClosedJaxpr) else inner
-        if isinstance(jaxpr, jex_core.Jaxpr):
-          yield from weighted_eqns(jaxpr.eqns, inner_times)
+    for jaxpr in param_jaxprs(eqn.params):
+      yield from weighted_eqns(jaxpr.eqns, inner_times)
 
 
 def fusible(eqn: JaxprEqn, primitives: frozenset = FUSIBLE_PRIMITIVES) -> bool:
@@ -124,11 +113,18 @@ def all_eqns(eqns: Iterable[JaxprEqn]) -> Iterator[JaxprEqn]:
 
 def _params_eqns(params: dict) -> Iterator[JaxprEqn]:
   """``all_eqns`` of the sub-jaxprs in an equation's ``params``."""
+  for jaxpr in param_jaxprs(params):
+    yield from all_eqns(jaxpr.eqns)
+
+
+def param_jaxprs(params: dict) -> Iterator[Any]:
+  """The jaxprs in an equation's ``params`` (jit bodies, custom_jvp functions, scan and
+  cond bodies; a closed one's jaxpr)."""
   for value in params.values():
     for sub in value if isinstance(value, (tuple, list)) else (value,):
       inner: Any = getattr(sub, "jaxpr", sub)
       if hasattr(inner, "eqns"):
-        yield from all_eqns(inner.eqns)
+        yield inner
 
 
 def input_dependent(jaxpr: jex_core.Jaxpr, varying_inputs: Iterable[Var] | None = None) -> set:
