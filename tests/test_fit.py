@@ -17,6 +17,7 @@ from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import trace
 from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
                                          Option, PolicyPlan)
+from scan_models import ScannedMLP
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
 
@@ -198,26 +199,11 @@ def test_roofline_is_the_larger_of_compute_and_memory_time():
   assert Roofline("cpu", 1.0, 1.0).offload_seconds(1) == float("inf")
 
 
-class _ScanBlock(nn.Module):
-  @nn.compact
-  def __call__(self, x, _):
-    return x + nn.Dense(x.shape[-1])(nn.gelu(nn.Dense(128)(nn.LayerNorm()(x)))), None
-
-
-class _Scanned(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    stack = nn.scan(_ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True},
-                    length=8)
-    x, _ = stack(name="layers")(nn.Dense(32)(x), None)
-    return nn.Dense(4)(x)
-
-
 def test_fit_segments_a_scanned_stack():
   """A scanned stack runs segmented, as apply runs it (a user's trial: fit planned it as
   one layer and found nothing below the model as written); the budget's share is of the
   model as written, and the segments' recompute is counted."""
-  model, x = _Scanned(), jax.random.normal(KEY, (256, 16))
+  model, x = ScannedMLP(width=32, hidden=128, outputs=4), jax.random.normal(KEY, (256, 16))
   params = model.init(KEY, x)
   plain = jaxremat.measure(training_loss(model.apply, {}), params, x).total_bytes
   fitted = jaxremat.fit(model.apply, params, x, 0.5)
@@ -254,7 +240,7 @@ def test_fit_keeps_a_scanned_stacks_products_under_a_policy():
   trial: only "keep segmented" or "recompute whole" were offered, the frontier had one
   point): the option keeps more than the segmented stack and recomputes less, and its
   drop-in measures what fit reports, with the plain gradients."""
-  model, x = _Scanned(), jax.random.normal(KEY, (256, 16))
+  model, x = ScannedMLP(width=32, hidden=128, outputs=4), jax.random.normal(KEY, (256, 16))
   params = model.init(KEY, x)
   written = trace(model.apply, params, x, {}, None)
   traced, scans = _scan.rewrite(written, "auto")

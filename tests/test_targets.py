@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 import pytest
-import flax.linen as nn
 from flax import nnx
 
 import jaxremat
 from jaxremat import zoo
 from jaxremat._backends import targets
 from jaxremat._errors import InvalidArgumentError, TargetUnavailableError
+from scan_models import ScannedMLP
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
 
@@ -246,29 +246,13 @@ def test_fit_for_the_target_fits_by_the_gpu_compiler():
   assert fitted.no_remat_bytes == plain.total_bytes
 
 
-class _Block(nn.Module):
-  @nn.compact
-  def __call__(self, x, _):
-    h = nn.Dense(4 * x.shape[-1])(nn.LayerNorm()(x))
-    return x + nn.Dense(x.shape[-1])(nn.gelu(h)), None
-
-
-class _Scanned(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    stack = nn.scan(_Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                    length=8)
-    x, _ = stack(name="stack")(nn.Dense(256)(x), None)
-    return nn.Dense(10)(x)
-
-
 @needs_plugin
 @pytest.mark.parametrize("segment", [1, 2, 4])
 def test_segmented_scan_predicted_for_the_target(segment):
   """A segmented scan's recompute-then-backward is compiled for the GPU target, not
   estimated by the CPU's rule: the prediction comes within 10% of the GPU compiler's
   footprint of the step (the CPU rule said +50% to +90% on a 12-block stack)."""
-  model = _Scanned()
+  model = ScannedMLP(width=256, hidden=1024, outputs=10)
   x = jax.ShapeDtypeStruct((2048, 64), jnp.float32)
   params = jax.eval_shape(model.init, jax.random.key(0), x)
   r = jaxremat.apply(model.apply, params, x, target="h100", scan_segment=segment)
