@@ -139,3 +139,59 @@ def test_a_plan_that_fits_far_below_its_prediction_lets_the_dp_ask_for_that_much
   search.fitted(first, slack_bytes=0, overestimate_bytes=2)  # XLA: 2 bytes under it
   assert search.allowed == 5
   assert sum(c.seconds for c in search.next()) == 1.0
+
+
+class _OverEstimatingPlanner(_Planner):
+  """Model R's budget plan for the budget as given (checkpoint-after-1) is estimated over
+  the budget, so the layer plans begin with the fallbacks; model R finds nothing below."""
+
+  def total_bytes(self, plan: Plan) -> int:
+    return 150 if plan.checkpoints == (1,) else 100
+
+  def budget_fallbacks(self) -> list[Plan]:
+    return [Plan((2,))]
+
+
+def test_the_plan_apply_compiles_first_is_a_fallback_though_the_estimate_rules_it_out():
+  layer_plans = LayerPlans(_OverEstimatingPlanner(), _Options(), budget=100, fallbacks=True)
+  assert layer_plans.current == _groups((2,))  # estimated to fit
+  layer_plans.skip([layer_plans.current], fastest=None)
+  assert layer_plans.current == _groups((1,))  # apply(budget_bytes=)'s, estimated 150
+
+
+class _FallbacksOnlyPlanner(_Planner):
+  def solve_budget(self, budget: int) -> Plan:
+    raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=200)
+
+  def budget_fallbacks(self) -> list[Plan]:
+    return [Plan((2,)), Plan((1,)), Plan((1, 2))]  # 2 s, 1 s, 2 s of recompute
+
+
+def test_after_a_fit_the_layer_plans_skip_fallbacks_no_faster_than_it():
+  layer_plans = LayerPlans(_FallbacksOnlyPlanner(), _Options(), budget=100, fallbacks=True)
+  assert layer_plans.current == _groups((2,))
+  layer_plans.skip([_groups((2,))], fastest=2.0)  # it fitted: 2 s
+  assert layer_plans.current == _groups((1,))
+  layer_plans.skip([_groups((2,)), _groups((1,))], fastest=1.0)
+  assert layer_plans.current is None  # checkpoint-after-1-and-2 is slower than 1 s
+
+
+def test_after_a_fit_the_dp_offers_the_next_plan_below_one_that_missed():
+  # Per layer: kept 8 bytes (0 s), products kept 6 (0.5 s), recomputed 4 (1 s).
+  costs = [GroupCost(Group(i, i + 1, Option(kind)), stored, 0, seconds)
+           for i in range(N) for kind, stored, seconds in ((KEEP, 8, 0.0), ("dots", 6, 0.5),
+                                                           (RECOMPUTE, 4, 1.0))]
+  search = Search(costs, N, 0, allowed=23, scale=1.0,
+                  layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
+                  xla_judges=True)
+  search.layer_plans.current = None
+  missed = search.next()  # one layer keeps its products: peak 22, 0.5 s
+  assert sum(c.seconds for c in missed) == 0.5
+  search.failed(missed, excess_bytes=10)
+  fits = search.next()  # allowance 13: every layer recomputed, peak 12, 3 s
+  assert sum(c.seconds for c in fits) == 3.0
+  search.fitted(fits, slack_bytes=100, overestimate_bytes=0)  # back up to 22, short of 23
+  # The DP's plan at 22 missed; the next is the fastest peaking below it, not one below
+  # 22 less the 10 bytes of that miss (which is what fitted): two kept, one recomputed.
+  offered = search.next()
+  assert offered is not None and sum(c.seconds for c in offered) == 1.0

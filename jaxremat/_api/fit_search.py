@@ -71,6 +71,7 @@ class LayerPlans:
 
   def __init__(self, planner: Planner, options: OptionCosts, budget: int, fallbacks: bool):
     self.planner, self.options, self.budget = planner, options, budget
+    self.asked = budget  # the budget as given, before XLA's misses lowered it
     self.fallbacks: list[Plan] | None = None if fallbacks else []
     self.misses = 0
     self.current = self._next()
@@ -100,17 +101,25 @@ class LayerPlans:
     return tuple(self.options.of(g)
                  for g in from_plan(plan.checkpoints, self.planner.chain.n).groups)
 
-  def skip(self, tried: list[tuple[GroupCost, ...]]) -> None:
-    """Moves on to the next fallback plan while the current one was compiled already."""
-    while self.current is not None and self.current in tried:
+  def skip(self, tried: list[tuple[GroupCost, ...]], fastest: float | None) -> None:
+    """Moves on to the next fallback plan while the current one was compiled already or
+    is predicted no faster than ``fastest`` (seconds of the fastest plan that fitted)."""
+    while self.current is not None and (
+        self.current in tried or (fastest is not None and _seconds(self.current) >= fastest)):
       if self.fallbacks is None:
         self.fallbacks = self._fallbacks()
       self.current = self._groups(self.fallbacks.pop(0)) if self.fallbacks else None
 
   def _fallbacks(self) -> list[Plan]:
-    """The planner's fallback plans: those its estimate fits in the budget, least
+    """The planner's fallback plans and model R's plan for the budget as given (the one
+    ``apply(budget_bytes=)`` compiles first): those the estimate fits in the budget, least
     recompute first, then the rest, smallest estimate first."""
-    plans = list(dict.fromkeys(Plan(p.checkpoints) for p in self.planner.budget_fallbacks()))
+    try:
+      first = [self.planner.solve_budget(self.asked)]
+    except InfeasibleBudgetError:
+      first = []
+    plans = list(dict.fromkeys(Plan(p.checkpoints)
+                               for p in (*first, *self.planner.budget_fallbacks())))
     total = {p: self.planner.total_bytes(p) for p in plans}
     fitting = sorted((p for p in plans if total[p] <= self.budget),
                      key=self.planner.recompute_flops)
@@ -156,11 +165,12 @@ class Search:
         return groups
       if self.fastest is not None and _seconds(groups) >= self.fastest:
         return None  # the DP's plans for less allowance are no faster than what fitted
-      self.allowed -= self._excess  # tightened too little to change the plan
+      # compiled already: the next plan of the frontier peaks below it
+      self.allowed = min(self.allowed, peak_bytes(groups, self.final)) - 1
     return None
 
   def next(self) -> tuple[GroupCost, ...] | None:
-    self.layer_plans.skip(self.tried)
+    self.layer_plans.skip(self.tried, self.fastest)
     found = [(family, g) for family, g in (("dp", self._solved()),
                                            ("layers", self.layer_plans.current))
              if g is not None and g not in self.tried
