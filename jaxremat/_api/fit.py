@@ -23,6 +23,7 @@ from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
 from jaxremat._api.measure import measure
 from jaxremat._api.planner import ChainPlanner, check_holds_inputs, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
+from jaxremat._api.verify import measured_segments
 from jaxremat._backends.measure import compile_step
 from jaxremat._backends.policy_options import OptionCosts, group_costs
 from jaxremat._backends.replay import Replay, compile_replay
@@ -145,7 +146,8 @@ def fit(
   (XLA's cost analysis through the target's roofline) whose predicted footprint fits.
   The bytes are scaled once so that keeping every residual predicts the no-remat
   footprint. A scanned layer stack (``nn.scan``, ``jax.lax.scan`` over stacked
-  parameters) runs segmented as ``apply`` runs it (``scan_segment="auto"``); kept, it
+  parameters) runs segmented as ``apply`` runs it (``scan_segment="auto"``: with
+  ``verify``, the segment length XLA measures smallest, one compile per divisor); kept, it
   costs one forward pass of recompute; under ``dots`` or ``dots-no-batch`` it runs one
   iteration per segment under that policy (``nn.remat`` of the block inside the scan).
 
@@ -196,7 +198,17 @@ def fit(
   key = input_key(params, batch, model_kwargs)
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
   written = traced
-  traced, scans = _scan.rewrite(traced, "auto")  # scanned stacks segmented, as apply does
+
+  def segmented_bytes(variant: TracedChain, stacks: tuple[_scan.ScanPlan, ...]) -> int:
+    with clock("compile"):  # XLA's footprint with the scanned stacks segmented so
+      fn = DropIn(model_fn, Plan(), layer_depth, variant, key, tuple(s.segment for s in stacks))
+      loss, _ = training_loss_with_arrays(fn, model_kwargs)
+      return measure(batch_with_arrays(loss), params, (batch, arrays),
+                     target=resolved).total_bytes
+
+  # scanned stacks segmented as apply segments them: the length XLA measures smallest
+  segments = measured_segments(written, segmented_bytes) if verify else "auto"
+  traced, scans = _scan.rewrite(written, segments)
 
   def drop_in(plan: Plan | PolicyPlan) -> DropIn:
     return policy_drop_in(model_fn, plan, layer_depth, written, scans, key)
