@@ -35,6 +35,7 @@ from jaxremat._backends.measure import Footprint as Footprint
 from jaxremat._backends.measure import compile_footprint as compile_footprint
 from jaxremat._api.measure import measure as measure
 from jaxremat._backends.targets import Target as Target
+from jaxremat._backends.targets import get_target as get_target
 from jaxremat._backends.autotune import autotuned_target as autotuned_target
 from jaxremat._jaxpr.scan import ScanPlan as ScanPlan
 from jaxremat._api.nnx import apply_nnx as apply_nnx
@@ -80,6 +81,7 @@ __all__ = (
     "autotuned_target",
     "compile_footprint",
     "fit",
+    "get_target",
     "graph_peak_bytes",
     "jit",
     "measure",

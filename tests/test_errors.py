@@ -187,6 +187,10 @@ CASES = [
          jaxremat.InvalidArgumentError, r"solve expects a jaxremat.Chain, got list"),
     Case("target-without-plugin", measure_for_h100_without_the_plugin,
          jaxremat.TargetUnavailableError, r"needs JAX's CUDA plugin.*pip install"),
+    Case("bad-target-config",
+         lambda: jaxremat.measure(lambda w, x: jnp.sum(x * w), jnp.ones(3), X,
+                                  target='platform_name: "CUDA"\n'),
+         jaxremat.InvalidArgumentError, r"threads_per_warp.*get_target\('h100'\)"),
     Case("measure-non-scalar-loss", lambda: jaxremat.measure(mlp()[0].apply, mlp()[1], X),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
     # Models jaxremat cannot checkpoint.

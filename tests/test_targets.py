@@ -23,8 +23,14 @@ pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
 NO_XLA_REMAT = {"xla_disable_hlo_passes": "rematerialization"}
 USER_CONFIG = """
 gpu_device_info {
+  threads_per_warp: 32
+  block_dim_limit_x: 2147483647
   core_count: 132
+  fpus_per_core: 128
+  clock_rate_ghz: 2.0
+  memory_bandwidth: 3000000000000
   device_memory_size: 1234
+  cuda_compute_capability { major: 9 minor: 0 }
 }
 platform_name: "CUDA"
 device_description_str: "My GPU"
@@ -36,12 +42,13 @@ needs_plugin = pytest.mark.skipif(
     reason='needs JAX\'s CUDA plugin: pip install "jaxremat[cuda12-aot]"')
 
 
-@pytest.mark.parametrize("name", ["h100", "H100", "a100"])
-def test_builtin_targets(name):
+@pytest.mark.parametrize("name, gigabytes", [("h100", 80), ("H100", 80), ("a100", 80),
+                                              ("h200", 141)])
+def test_builtin_targets(name, gigabytes):
   t = targets.get_target(name)
   assert t.name == name.lower() and t.platform == "cuda"
   assert 'platform_name: "CUDA"' in t.config
-  assert 80 * 10**9 < t.memory_bytes < 88 * 10**9  # the 80 GB parts
+  assert gigabytes * 10**9 < t.memory_bytes < gigabytes * 1.1 * 10**9  # the data sheet's
   assert dict(t.compiler_options) == {"xla_gpu_enable_triton_gemm": False}
   assert targets.get_target(t) is t
 
@@ -61,7 +68,11 @@ def test_user_config_as_text_and_as_file(tmp_path):
 @pytest.mark.parametrize("spec, match", [
     ('platform_name: "ROCM"\ngpu_device_info {}\n', 'platform_name "ROCM"'),
     ("gpu_device_info { core_count: 1 }\n", "no platform_name"),
-    ("v100", "expected one of h100, a100"),
+    # without these XLA's compiler divides by zero and kills the process (a user's trial)
+    ('platform_name: "CUDA"\n', "threads_per_warp, block_dim_limit_x, core_count"),
+    (USER_CONFIG.replace("major: 9", "major: 0"), "cuda_compute_capability"),
+    ("v100", "expected one of h100, h200, a100"),
+    ("configs/mine.txtpb", "no such file"),
     (100, "got int"),
 ])
 def test_bad_targets(spec, match):
@@ -156,6 +167,23 @@ def test_builtin_and_user_configs_compile(h100):
     assert targets.target_device(target).device_kind == kind
     fp = targets.target_footprint(lambda x: jnp.sin(x) * 2.0, (jnp.ones(1024),), target)
     assert fp.argument_bytes == fp.output_bytes == 4096
+
+
+@needs_plugin
+def test_a_config_xla_cannot_parse_says_where():
+  wrong = targets.get_target(USER_CONFIG.replace("core_count: 132", "core_count: 132\n  cores: 1"))
+  with pytest.raises(InvalidArgumentError, match='no field named "cores"'):
+    targets.target_device(wrong)
+
+
+def test_roofline_of_a_users_config_comes_from_its_device_facts():
+  from jaxremat._backends.roofline import roofline_for
+  mine = roofline_for(USER_CONFIG)
+  assert mine.flops_per_second == pytest.approx(132 * 128 * 2 * 2.0e9)
+  assert mine.bytes_per_second == 3e12 and mine.host_bytes_per_second > 0
+  assert roofline_for("h200").bytes_per_second > roofline_for("h100").bytes_per_second
+  with pytest.raises(InvalidArgumentError, match="memory_bandwidth"):
+    roofline_for(USER_CONFIG.replace("memory_bandwidth", "# memory_bandwidth"))
 
 
 @needs_plugin

@@ -92,7 +92,8 @@ def apply(
       estimated peak; an int: that ``k`` for every stack; ``None``: scans are left as
       they are (one opaque layer).
     target: plan for this GPU instead of the local backend, from any machine (no GPU
-      needed): ``"h100"``, ``"a100"``, a target-config text or file, or a ``Target``.
+      needed): ``"h100"``, ``"h200"``, ``"a100"``, a target-config text or file, or a
+      ``Target``.
       The profile models that GPU's XLA, and every compile (the confirming one, verify,
       budgets) is XLA's GPU compiler's for it (JAX's CUDA plugin is needed:
       ``TargetUnavailableError`` says how to install it). params and batch may be

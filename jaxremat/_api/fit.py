@@ -236,7 +236,7 @@ def fit(
                            required=False)
     assert isinstance(planner, ChainPlanner)  # a graph was rejected above
     chain = planner.chain
-    options = OptionCosts(traced, chain, roofline_for(resolved.name if resolved else None),
+    options = OptionCosts(traced, chain, roofline_for(resolved),
                           scans, written)
     costs = group_costs(options)
   fixed, n = planner.fixed_bytes, chain.n

@@ -34,7 +34,8 @@ def measure(
     batch: the batch (any pytree of arrays).
     wrt: for an nnx model, the filter of the differentiated state.
     target: compile for this GPU instead of the local backend, from any machine (no GPU
-      needed): ``"h100"``, ``"a100"``, a target-config text or file, or a ``Target``.
+      needed): ``"h100"``, ``"h200"``, ``"a100"``, a target-config text or file, or a
+      ``Target``.
       Params and batch may then be ``jax.ShapeDtypeStruct``s; nothing is allocated.
     compiler_options: extra XLA options (e.g. ``{"xla_disable_hlo_passes":
       "rematerialization"}`` on GPU to measure a plan without XLA's own remat).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -19,6 +20,8 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 
 from jaxremat._backends.step_time import best_step_seconds
+from jaxremat._backends.targets import Target, get_target
+from jaxremat._errors import InvalidArgumentError
 from jaxremat._jaxpr import compat as _compat
 
 
@@ -58,8 +61,11 @@ HOST_OVERLAP = 0.5
 #: HBM bandwidth, PCIe (Gen5 x16 on H100 SXM, Gen4 x16 on A100) at about 80% of its peak.
 GPU_ROOFLINES: Mapping[str, Roofline] = {
     "h100": Roofline("h100", 494.7e12, 3.35e12, 50e9, HOST_OVERLAP),
+    "h200": Roofline("h200", 494.7e12, 4.8e12, 50e9, HOST_OVERLAP),
     "a100": Roofline("a100", 156e12, 2.039e12, 25e9, HOST_OVERLAP),
 }
+#: Host link assumed for a target config of the user's own (PCIe Gen4 x16 at about 80%).
+CUSTOM_HOST_BYTES_PER_SECOND = 25e9
 
 
 def cost(fn: Callable[..., Any], *args: Any) -> tuple[float, float]:
@@ -124,10 +130,29 @@ def local_roofline() -> Roofline:
   return Roofline(jax.default_backend(), flops, bandwidth, v.nbytes / host_s, HOST_OVERLAP)
 
 
-def roofline_for(target: str | None) -> Roofline:
-  """The roofline of a named GPU target (``"h100"``, ``"a100"``), or the local device's."""
+def roofline_for(target: str | Target | None) -> Roofline:
+  """The roofline of a GPU target (a built-in name or anything ``get_target`` accepts), or
+  the local device's for None. A config of the user's own gives its memory bandwidth and,
+  for FLOP/s, its CUDA cores' f32 rate (``core_count * fpus_per_core * 2 *
+  clock_rate_ghz``: a config carries no tensor-core figure)."""
   if target is None:
     return local_roofline()
-  if target in GPU_ROOFLINES:
-    return GPU_ROOFLINES[target]
-  raise ValueError(f"no roofline figures for target {target!r}; known: {sorted(GPU_ROOFLINES)}.")
+  resolved = get_target(target)
+  assert resolved is not None
+  if resolved.name in GPU_ROOFLINES:
+    return GPU_ROOFLINES[resolved.name]
+  facts = {k: _config_number(resolved.config, k)
+           for k in ("core_count", "fpus_per_core", "clock_rate_ghz", "memory_bandwidth")}
+  flops = facts["core_count"] * facts["fpus_per_core"] * 2 * facts["clock_rate_ghz"] * 1e9
+  if not (flops > 0 and facts["memory_bandwidth"] > 0):
+    raise InvalidArgumentError(
+        f"The target config {resolved.name!r} gives no core_count, fpus_per_core, "
+        "clock_rate_ghz and memory_bandwidth in gpu_device_info, which fit's time model "
+        "needs (the roofline: FLOP/s and memory bandwidth).")
+  return Roofline(resolved.name, flops, facts["memory_bandwidth"],
+                  CUSTOM_HOST_BYTES_PER_SECOND, HOST_OVERLAP)
+
+
+def _config_number(config: str, field: str) -> float:
+  found = re.search(rf"^\s*{field}\s*:\s*([0-9.eE+-]+)", config, re.MULTILINE)
+  return float(found.group(1)) if found else 0.0

@@ -11,13 +11,16 @@ plugin's CUDA version check fails and the plugin does not register.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.resources
 import importlib.util
 import os
 import re
-from collections.abc import Callable, Mapping
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -31,7 +34,12 @@ from jaxremat._errors import InvalidArgumentError, TargetUnavailableError
 GPU_AOT_OPTIONS: tuple[tuple[str, str | bool], ...] = (("xla_gpu_enable_triton_gemm", False),)
 
 #: Built-in target name -> its config file under ``target_configs/``.
-BUILTIN = {"h100": "h100.txtpb", "a100": "a100.txtpb"}
+BUILTIN = {"h100": "h100.txtpb", "h200": "h200.txtpb", "a100": "a100.txtpb"}
+
+#: ``gpu_device_info`` fields without which XLA's GPU compiler crashes the process (a
+#: division by zero: ``threads_per_warp``, ``block_dim_limit_x``), fails (no compute
+#: capability) or sizes its kernels for no device (``core_count``).
+REQUIRED_DEVICE_FIELDS = ("threads_per_warp", "block_dim_limit_x", "core_count")
 
 #: The modules of the CUDA plugin's two packages (jax-cudaNN-pjrt, jax-cudaNN-plugin), per
 #: CUDA major version; either set serves (jax's CUDA 13 wheels on a GPU machine, say).
@@ -63,14 +71,15 @@ def get_target(spec: str | Target | None) -> Target | None:
 
   Args:
     spec: ``None`` (the local backend: no target), a ``Target``, a built-in name
-      (``"h100"``, ``"a100"``), the path of a target config file, or its text.
+      (``"h100"``, ``"h200"``, ``"a100"``), the path of a target config file, or its text.
 
   Returns:
     The ``Target``, or ``None`` for ``None``.
 
   Raises:
-    InvalidArgumentError: ``spec`` is none of these, or its config is not a CUDA target
-      config.
+    InvalidArgumentError: ``spec`` is none of these, names no file, or its config is not
+      a CUDA target config with the device facts XLA needs (``REQUIRED_DEVICE_FIELDS``
+      and the compute capability).
   """
   if spec is None or isinstance(spec, Target):
     return spec
@@ -87,6 +96,11 @@ def get_target(spec: str | Target | None) -> Target | None:
   if os.path.isfile(spec):
     with open(spec) as f:
       return _from_config(f.read(), None)
+  if os.sep in spec or spec.endswith((".txtpb", ".pbtxt", ".txt", ".textproto")):
+    raise InvalidArgumentError(
+        f"target={spec!r} looks like the path of a target config file, but no such file "
+        f"exists (from {os.getcwd()!r}). Give an existing file, its text, or a built-in "
+        f"name: {', '.join(BUILTIN)}.")
   raise InvalidArgumentError(
       f"Unknown target {spec!r}: expected one of {', '.join(BUILTIN)}, the path of a "
       "GpuTargetConfigProto text file, or its text.")
@@ -99,10 +113,24 @@ def _from_config(text: str, name: str | None) -> Target:
     raise InvalidArgumentError(
         f'A target config must be a GpuTargetConfigProto text proto with platform_name: '
         f'"CUDA" (XLA\'s CUDA compiler is the one jaxremat drives); this one has {found}.')
+  missing = [f for f in REQUIRED_DEVICE_FIELDS if not _positive(text, f)]
+  if not re.search(r"cuda_compute_capability\s*{[^}]*major\s*:\s*[1-9]", text):
+    missing.append("cuda_compute_capability { major }")
+  if missing or not re.search(r"^\s*gpu_device_info\s*{", text, re.MULTILINE):
+    raise InvalidArgumentError(
+        "The target config lacks device facts XLA's GPU compiler needs (without them it "
+        f"crashes the process or compiles for no device): gpu_device_info {{ "
+        f"{', '.join(missing or ['the whole block'])} }}. Start from a built-in config "
+        "and edit it: print(jaxremat.get_target('h100').config).")
   memory = re.search(r"^\s*device_memory_size\s*:\s*(\d+)", text, re.MULTILINE)
   described = re.search(r'^\s*device_description_str\s*:\s*"([^"]*)"', text, re.MULTILINE)
   return Target(name=name or (described.group(1) if described else "custom"), config=text,
                 memory_bytes=int(memory.group(1)) if memory else 0)
+
+
+def _positive(text: str, field: str) -> bool:
+  found = re.search(rf"^\s*{field}\s*:\s*(\d+)", text, re.MULTILINE)
+  return found is not None and int(found.group(1)) > 0
 
 
 def _install_hint() -> str:
@@ -126,7 +154,17 @@ def target_device(target: Target) -> jax.Device:
         f"installed (no module {', '.join(missing)}). {_install_hint()} On a machine "
         "without a GPU, also set JAX_PLATFORMS=cpu in the environment before JAX starts.")
   try:
-    return _device(target.platform, target.config)
+    with _stderr_kept() as stderr:
+      return _device(target.platform, target.config)
+  except jax.errors.JaxRuntimeError as e:
+    if "parse" not in str(e).lower():
+      raise
+    said = [line.split("] ", 1)[-1].strip().rstrip(".")
+            for line in "".join(stderr).splitlines() if "text_format" in line]
+    raise InvalidArgumentError(
+        f"XLA cannot parse the target config of {target.name!r} as a GpuTargetConfigProto "
+        f"text proto: {said[-1] if said else e}. Start from a built-in config and edit it: "
+        "print(jaxremat.get_target('h100').config).") from None
   except NotImplementedError as e:  # the plugin did not register
     platforms = getattr(jax.config, "jax_platforms", None)  # what JAX was asked to start
     if platforms and not {"cuda", "gpu"} & set(platforms.split(",")):
@@ -141,6 +179,26 @@ def target_device(target: Target) -> jax.Device:
         f"JAX_PLATFORMS=cpu (or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1) in the environment before "
         f"JAX starts, e.g. `JAX_PLATFORMS=cpu python train.py`, or call "
         f"jax.config.update('jax_platforms', 'cpu') before the first JAX computation.") from e
+
+
+@contextlib.contextmanager
+def _stderr_kept() -> Iterator[list[str]]:
+  """Keeps what XLA's C++ code writes to the process's stderr meanwhile (its text-proto
+  parser says only there where a config is wrong): the list yielded gets the text on
+  exit, and the text is written through to stderr then."""
+  kept: list[str] = []
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      yield kept
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      kept.append(captured.read().decode(errors="replace"))
+      sys.stderr.write(kept[0])
 
 
 def plugin_installed() -> bool:
