@@ -215,8 +215,8 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
   for name in schedule:
     if producers[name] & data:
       data.add(name)
-  turn = next((i for i, name in enumerate(schedule) if name in backward and name in data),
-              len(schedule))
+  forward = {name for name in data - backward - leaf if ops.get(name, ("",))[0]}
+  turn = _turn(schedule, producers, backward, data, forward, len(traced.layers))
   layer_of: dict[str, int] = {}
   for name in schedule[:turn]:
     path = paths.get(name)
@@ -253,3 +253,27 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
       for v in temp)
   return Replay(values, turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
                 fixed_bytes, tables, alignment)
+
+
+def _turn(schedule: Sequence[str], producers: dict[str, set[str]], backward: set[str],
+          data: set[str], forward: set[str], layers: int) -> int:
+  """The first backward step: the first instruction of the backward (``backward``) that
+  reads the batch (``data``) and reaches within half a layer's depth as deep as any
+  forward instruction (``forward``: named, of the forward, reading the batch) scheduled
+  after it; an instruction's depth is the count of forward instructions on its longest
+  chain from the batch, half a layer's the forward's deepest over ``2 * layers``. XLA may
+  schedule backward work on an earlier layer's forward values during the forward (the
+  padding of a block's attention probabilities, bf16 on the H100): more of the forward
+  follows it. Forward work it puts off into the backward (a slice read only there) is
+  a few instructions deeper than the backward's first at most."""
+  depth: dict[str, int] = {}
+  for name in schedule:
+    below = max((depth.get(p, 0) for p in producers[name]), default=0)
+    depth[name] = below + (name in forward)
+  deepest_after = [0] * (len(schedule) + 1)  # of the forward instructions from step i on
+  for i in range(len(schedule) - 1, -1, -1):
+    name = schedule[i]
+    deepest_after[i] = max(deepest_after[i + 1], depth[name] if name in forward else 0)
+  slack = max(1, deepest_after[0] // (2 * max(layers, 1)))
+  return next((i for i, name in enumerate(schedule) if name in backward and name in data
+               and depth[name] + slack >= deepest_after[i + 1]), len(schedule))
