@@ -176,22 +176,36 @@ def test_after_a_fit_the_layer_plans_skip_fallbacks_no_faster_than_it():
   assert layer_plans.current is None  # checkpoint-after-1-and-2 is slower than 1 s
 
 
-def test_after_a_fit_the_dp_offers_the_next_plan_below_one_that_missed():
-  # Per layer: kept 8 bytes (0 s), products kept 6 (0.5 s), recomputed 4 (1 s).
+def _search_with_products(allowed):
+  """Per layer: kept 8 bytes (0 s), products kept 6 (0.5 s), recomputed 4 (1 s)."""
   costs = [GroupCost(Group(i, i + 1, Option(kind)), stored, 0, seconds)
            for i in range(N) for kind, stored, seconds in ((KEEP, 8, 0.0), ("dots", 6, 0.5),
                                                            (RECOMPUTE, 4, 1.0))]
-  search = Search(costs, N, 0, allowed=23, scale=1.0,
+  search = Search(costs, N, 0, allowed=allowed, scale=1.0,
                   layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
                   xla_judges=True)
   search.layer_plans.current = None
+  return search
+
+
+def test_after_a_fit_the_dp_asks_below_a_missed_plan_by_what_it_missed():
+  search = _search_with_products(allowed=23)
   missed = search.next()  # one layer keeps its products: peak 22, 0.5 s
   assert sum(c.seconds for c in missed) == 0.5
-  search.failed(missed, excess_bytes=10)
-  fits = search.next()  # allowance 13: every layer recomputed, peak 12, 3 s
-  assert sum(c.seconds for c in fits) == 3.0
+  search.failed(missed, excess_bytes=5)
+  fits = search.next()  # allowance 18: every layer keeps its products, 1.5 s
+  assert sum(c.seconds for c in fits) == 1.5
   search.fitted(fits, slack_bytes=100, overestimate_bytes=0)  # back up to 22, short of 23
-  # The DP's plan at 22 missed; the next is the fastest peaking below it, not one below
-  # 22 less the 10 bytes of that miss (which is what fitted): two kept, one recomputed.
-  offered = search.next()
+  # The DP finds the plan that missed again: the next must peak 5 bytes below it, where
+  # none is faster than 1.5 s; its neighbours one byte below (1 s at 20) would miss alike.
+  assert search.next() is None
+
+
+def test_after_a_fit_the_dp_walks_below_a_layer_plan_that_missed():
+  search = _search_with_products(allowed=23)
+  layer_plan = search.next()
+  search.tried.append(layer_plan)  # compiled as the layer family's: no DP excess known
+  search.fitted(_groups(()), slack_bytes=0, overestimate_bytes=0)  # a 3 s plan fitted
+  search.fastest = 3.0
+  offered = search.next()  # the next plan of the frontier below the one compiled
   assert offered is not None and sum(c.seconds for c in offered) == 1.0

@@ -9,6 +9,7 @@ timing beside the one that fits.
 from __future__ import annotations
 
 from jaxremat._api.planner import Planner
+from jaxremat._api.verify import PRUNE_ABOVE
 from jaxremat._backends.policy_options import OptionCosts
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._model.chain import Plan
@@ -60,6 +61,11 @@ def alternatives(options: OptionCosts, points: list[tuple[int, float, tuple[Grou
 #: plan solved again for XLA's excess can stay that far over it for several rounds (VGG-16
 #: at 75% on the H100: three layer plans 0.2-0.7 MB over, where a fallback fits).
 LAYER_TIGHTENINGS = 1
+#: Once a plan fits, a layer-boundary fallback is compiled only if faster and predicted
+#: (by the planner: the compiled profile on a GPU target) within this share over the
+#: budget, as ``verify`` prunes its candidates (the H100 bf16 uneven MLP's plan of a
+#: 75% budget is predicted 3.5% over it and fits).
+FALLBACK_OVER = PRUNE_ABOVE
 
 
 class LayerPlans:
@@ -74,9 +80,14 @@ class LayerPlans:
     self.asked = budget  # the budget as given, before XLA's misses lowered it
     self.fallbacks: list[Plan] | None = None if fallbacks else []
     self.misses = 0
-    self.current = self._next()
+    self.plan: Plan | None = None  # the layer plan of ``current``
+    self.current: tuple[GroupCost, ...] | None = None
+    self._take(self._next())
 
-  def _next(self) -> tuple[GroupCost, ...] | None:
+  def _take(self, plan: Plan | None) -> None:
+    self.plan, self.current = plan, self._groups(plan)
+
+  def _next(self) -> Plan | None:
     plan, budget = None, self.budget
     rounds = 8 if self.misses < LAYER_TIGHTENINGS else 0  # then the fallbacks
     for _ in range(rounds):  # model R's budget plan, until the backend's estimate fits it
@@ -93,7 +104,7 @@ class LayerPlans:
       self.fallbacks = self._fallbacks()
     if plan is None and self.fallbacks:
       plan = self.fallbacks.pop(0)
-    return self._groups(plan)
+    return plan
 
   def _groups(self, plan: Plan | None) -> tuple[GroupCost, ...] | None:
     if plan is None:
@@ -102,13 +113,20 @@ class LayerPlans:
                  for g in from_plan(plan.checkpoints, self.planner.chain.n).groups)
 
   def skip(self, tried: list[tuple[GroupCost, ...]], fastest: float | None) -> None:
-    """Moves on to the next fallback plan while the current one was compiled already or
-    is predicted no faster than ``fastest`` (seconds of the fastest plan that fitted)."""
-    while self.current is not None and (
-        self.current in tried or (fastest is not None and _seconds(self.current) >= fastest)):
+    """Moves on to the next fallback plan while the current one was compiled already, or
+    once a plan fitted (``fastest``: its predicted seconds) while the current one is no
+    faster or predicted more than ``FALLBACK_OVER`` over the budget."""
+    def passed(groups: tuple[GroupCost, ...], plan: Plan) -> bool:
+      if groups in tried:
+        return True
+      return fastest is not None and (
+          _seconds(groups) >= fastest
+          or self.planner.total_bytes(plan) > self.asked * (1 + FALLBACK_OVER))
+
+    while self.current is not None and self.plan is not None and passed(self.current, self.plan):
       if self.fallbacks is None:
         self.fallbacks = self._fallbacks()
-      self.current = self._groups(self.fallbacks.pop(0)) if self.fallbacks else None
+      self._take(self.fallbacks.pop(0) if self.fallbacks else None)
 
   def _fallbacks(self) -> list[Plan]:
     """The planner's fallback plans and model R's plan for the budget as given (the one
@@ -129,7 +147,7 @@ class LayerPlans:
   def missed(self, excess_bytes: int) -> None:
     self.budget -= excess_bytes
     self.misses += 1
-    self.current = self._next()
+    self._take(self._next())
 
 
 class Search:
@@ -152,6 +170,7 @@ class Search:
     self.fastest: float | None = None  # predicted seconds of the fastest plan that fitted
     self._excess = 1
     self._ceiling: int | None = None  # the least allowance whose DP plan missed
+    self._missed_by: dict[tuple[GroupCost, ...], int] = {}  # XLA's excess, groups' scale
     self._misses = {"dp": 0, "layers": 0}
 
   def _solved(self) -> tuple[GroupCost, ...] | None:
@@ -165,8 +184,10 @@ class Search:
         return groups
       if self.fastest is not None and _seconds(groups) >= self.fastest:
         return None  # the DP's plans for less allowance are no faster than what fitted
-      # compiled already: the next plan of the frontier peaks below it
-      self.allowed = min(self.allowed, peak_bytes(groups, self.final)) - 1
+      # compiled already: the next plan of the frontier peaks below it, by as much as
+      # XLA found it over (where it missed: its neighbours miss alike)
+      below = peak_bytes(groups, self.final) - self._missed_by.get(groups, 0)
+      self.allowed = min(self.allowed, below) - 1
     return None
 
   def next(self) -> tuple[GroupCost, ...] | None:
@@ -200,7 +221,7 @@ class Search:
     if not from_layers:
       self._misses["dp"] += 1
       self._ceiling = self.allowed if self._ceiling is None else min(self.allowed, self._ceiling)
-      self._excess = max(int(excess_bytes / self.scale), 1)
+      self._excess = self._missed_by[groups] = max(int(excess_bytes / self.scale), 1)
       self.allowed -= self._excess  # XLA needs this much more than predicted: ask for less
 
 
