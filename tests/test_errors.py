@@ -223,6 +223,9 @@ CASES = [
          jaxremat.InfeasibleBudgetError, r"below the least footprint of the plans jaxremat tried as XLA compiles the step: \d+ bytes \(\d+\.\d\d KiB\)"),
     Case("budget-negative", lambda: apply_mlp(budget_bytes=-5),
          jaxremat.InvalidBudgetError, "non-negative number of bytes, got -5"),
+    Case("budget-a-share", lambda: apply_mlp(budget_bytes=0.5),
+         jaxremat.InvalidBudgetError, r"budget_bytes is a number of bytes.*got 0.5.*"
+         r"jaxremat.fit\(\.\.\., memory_budget=0.5\)"),
     Case("budget-not-a-number", lambda: apply_mlp(budget_bytes="1GB"),
          jaxremat.InvalidArgumentError, r"budget_bytes must be a number of bytes.*'1GB'"),
     Case("budget-nan", lambda: apply_mlp(budget_bytes=float("nan")),
@@ -245,6 +248,10 @@ CASES = [
          jaxremat.InfeasibleBudgetError,
          r"memory_budget=50 \(50 B\) is below the \d+ bytes .* A float in \(0, 1\] is a share "
          r"of the activations instead"),
+    Case("fit-budget-float-bytes", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 1.5),
+         jaxremat.InfeasibleBudgetError,
+         r"memory_budget=1.5, read as 1 bytes \(1 B\) is below .* A float in \(0, 1\] is a "
+         r"share"),
     Case("fit-budget-below-least", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, BELOW_LEAST),
          jaxremat.InfeasibleBudgetError, rf"no plan fits the step in {BELOW_LEAST} bytes .* the least "
          r"footprint found is \d+ bytes"),
@@ -277,6 +284,8 @@ CASES = [
          jaxremat.InputMismatchError,
          r"model fails on a batch of shapes and dtypes \[\(2, 5\) float32\] \(the plan was made "
          r"for \[\(2, 4\) float32\]\)"),
+    Case("drop-in-positional-extras", lambda: mlp()[2].fn(mlp()[1], X, True),
+         jaxremat.InvalidArgumentError, r"by keyword.*got 1 more positional argument"),
     Case("drop-in-batch-structure", lambda: call_drop_in(batch={"x": X}),
          jaxremat.InputMismatchError, r"batch has structure .*'x'.*but the plan was made for"),
     Case("drop-in-params-shape",

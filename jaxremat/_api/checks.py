@@ -85,6 +85,11 @@ def check_budget(budget_bytes: Any) -> int | None:
   if budget is not None and budget < 0:
     raise InvalidBudgetError(
         f"budget_bytes must be a non-negative number of bytes, got {budget_bytes!r}.")
+  if isinstance(budget_bytes, float) and 0 < budget_bytes < 1:
+    raise InvalidBudgetError(
+        f"budget_bytes is a number of bytes (e.g. 2 * 2**30), got {budget_bytes!r}, which "
+        f"reads as a share: for a share of the activations use jaxremat.fit(..., "
+        f"memory_budget={budget_bytes!r}).")
   return budget
 
 

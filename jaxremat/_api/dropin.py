@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxremat._api.compile import warn_if_barriers_dropped
 from jaxremat._backends.policy_options import scan_policy
-from jaxremat._errors import InputMismatchError, JaxrematError
+from jaxremat._errors import InputMismatchError, InvalidArgumentError, JaxrematError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import emit
 from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
@@ -78,7 +78,12 @@ class DropIn:
       traced, _ = _scan.rewrite(traced, self._segments, self._scan_policies)
     return traced
 
-  def __call__(self, params: Any, batch: Any, **kwargs: Any) -> Any:
+  def __call__(self, params: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    if args:
+      raise InvalidArgumentError(
+          f"the drop-in takes params, the batch and the model's other arguments by keyword, "
+          f"as jaxremat planned them (e.g. r.fn(params, x, train=True)); got {len(args)} "
+          "more positional argument(s): pass them by keyword.")
     key = input_key(params, batch, kwargs)
     if key not in self._cache:
       self._check(key, params)

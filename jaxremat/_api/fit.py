@@ -185,7 +185,7 @@ def fit(
   if not _is_share(memory_budget):  # bytes
     check_holds_inputs(int(memory_budget), params, batch, model_kwargs, "memory_budget",
                        "A float in (0, 1] is a share of the activations instead "
-                       "(memory_budget=0.5: half of them).")
+                       "(memory_budget=0.5: half of them).", given=memory_budget)
   resolved = get_target(target)
   timed = _check_time_steps(time_steps, verify, resolved, params, batch)
   clock = Stopwatch()

@@ -325,15 +325,17 @@ def fmt_bytes(num_bytes: int) -> str:
 
 
 def check_holds_inputs(budget_bytes: int, params: Any, batch: Any, model_kwargs: dict[str, Any],
-                       name: str, hint: str) -> None:
+                       name: str, hint: str, given: Any = None) -> None:
   """Rejects a budget (bytes) below what every training step holds whatever the plan:
   parameters, batch, array keyword arguments and parameter gradients. Nothing traced or
-  compiled."""
+  compiled. ``given``: the budget as the user wrote it, when not ``budget_bytes``."""
   arrays, _, _ = split_kwargs(model_kwargs)
   held = checks.fixed_bytes(params, batch, arrays)
   if budget_bytes < held:
+    shown = (budget_bytes if given is None or given == budget_bytes
+             else f"{given!r}, read as {budget_bytes} bytes")
     raise InfeasibleBudgetError(
-        f"{name}={budget_bytes} ({fmt_bytes(budget_bytes)}) is below the {held} bytes "
+        f"{name}={shown} ({fmt_bytes(budget_bytes)}) is below the {held} bytes "
         f"({fmt_bytes(held)}) that the parameters, the batch and the parameter gradients "
         f"hold in every training step, before any activation: no plan fits it. {hint}",
         budget_bytes=budget_bytes, min_feasible_bytes=held)
