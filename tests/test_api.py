@@ -172,3 +172,16 @@ def test_layer_depth_splits_children_into_their_submodules():
   r = jaxremat.apply(model.apply, params, x, layer_depth=2, method="every-layer")
   assert r.chain.names[0] == "layers_0/layers_0" and r.chain.n == 6
   _assert_trees_close(jax.grad(_loss(model.apply, {}))(params, x), jax.grad(_loss(r.fn, {}))(params, x), 1e-5)
+
+
+def test_a_given_plan_is_confirmed_by_one_compile():
+  """apply(plan=...) reports XLA's footprint of that plan by default, as it does for a
+  plan of its own (a user's trial: None, with the docs saying it confirms), and compiles
+  nothing with verify=False."""
+  model, x = zoo.mlp([64, 128, 32, 96, 10]), jnp.ones((8, 20))
+  params = _init(model, x, {})
+  plan = jaxremat.Plan((2, 4))
+  r = jaxremat.apply(model.apply, params, x, plan=plan)
+  assert r.plan == plan and set(r.verified) == {plan.checkpoints}
+  assert r.measured_total_bytes == jaxremat.measure(_loss(r.fn, {}), params, x).total_bytes
+  assert jaxremat.apply(model.apply, params, x, plan=plan, verify=False).verified is None

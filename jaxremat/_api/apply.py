@@ -70,12 +70,12 @@ def apply(
       ``scan_segment="auto"``, first measure every segment length of each scanned stack.
       With ``budget_bytes``, instead tighten the plan until XLA's footprint fits. With
       ``plan``, measure that plan only. The figures are kept in ``Remat.verified``.
-      Default (None): confirm the chosen plan with one compile. When XLA's footprint is
-      within 3% of the prediction, also compile up to 3 plans the estimate ties with it
-      (one checkpoint from it or from model R's optimum, predicted at most 1% above it);
-      when it is further off, the 3 leading candidates; keep XLA's least. With
-      ``budget_bytes``, fit the budget as above. ``False``: compile nothing (the
-      prediction alone).
+      Default (None): confirm the chosen plan (or the given ``plan``) with one compile.
+      When XLA's footprint is within 3% of the prediction, also compile up to 3 plans
+      the estimate ties with it (one checkpoint from it or from model R's optimum,
+      predicted at most 1% above it); when it is further off, the 3 leading candidates;
+      keep XLA's least. With ``budget_bytes``, fit the budget as above. ``False``:
+      compile nothing (the prediction alone).
     calibrate: compile each layer's backward alone and take what XLA's temp needs beyond
       its residuals as its workspace (one small compile per layer).
     profile: what predicts XLA's footprint of a plan. ``"jaxpr"``: the estimate, from
@@ -198,7 +198,7 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
   ``verify``); and what was compiled."""
   if plan is not None:
     planner.validate(plan)
-    return plan, {plan.checkpoints: measure_plan(plan)} if verify else None
+    return plan, {plan.checkpoints: measure_plan(plan)} if verify is not False else None
   if budget is not None:
     try:
       solved: Plan | None = planner.solve_budget(budget)
