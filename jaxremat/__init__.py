@@ -39,6 +39,7 @@ from jaxremat._backends.targets import get_target as get_target
 from jaxremat._backends.autotune import autotuned_target as autotuned_target
 from jaxremat._jaxpr.scan import ScanPlan as ScanPlan
 from jaxremat._api.nnx import apply_nnx as apply_nnx
+from jaxremat._api.nnx import fit_nnx as fit_nnx
 from jaxremat._model.simulate import recompute_counts as recompute_counts
 from jaxremat._model.simulate import simulate_peak_bytes as simulate_peak_bytes
 from jaxremat.solvers import pareto as pareto
@@ -81,6 +82,7 @@ __all__ = (
     "autotuned_target",
     "compile_footprint",
     "fit",
+    "fit_nnx",
     "get_target",
     "graph_peak_bytes",
     "jit",

@@ -371,3 +371,31 @@ def test_a_model_that_rematerialises_already_says_so():
   with pytest.warns(jaxremat.NoSavingWarning, match="rematerialises already"):
     r = jaxremat.apply_nnx(_RematBlocks(), jnp.ones((32, 16)))
   assert r.plan.checkpoints == ()
+
+
+def test_fit_nnx_fits_the_budget_with_the_plain_gradients_and_state():
+  """A user's trial: fit had no nnx entry (fit on an nnx model pointed to apply_nnx, and a
+  split/merge wrapper traced as one layer). fit_nnx plans the blocks of an nnx.List with
+  Dropout; its step fits half of the activations as XLA measures it, and one step gives
+  the plain model's loss, gradients, and rng counts."""
+  rngs = _rngs(0, dropout=1)
+  model = nnx.Sequential(nnx.Linear(8, 64, rngs=rngs),
+                         *[nnx.Sequential(nnx.Linear(64, 64, rngs=rngs), nnx.tanh,
+                                          nnx.Dropout(0.25, rngs=rngs)) for _ in range(6)],
+                         nnx.Linear(64, 3, rngs=rngs))
+  x = jax.random.normal(jax.random.key(1), (512, 8))
+  before = _comparable(nnx.state(model))
+  f = jaxremat.fit_nnx(model, x, 0.5, time_steps=False)
+  _assert_trees_close(nnx.state(model), before, rtol=0, atol=0)
+  assert f.measured_total_bytes <= f.budget_bytes < f.no_remat_bytes
+  assert _has_remat(f.fn, model, x)
+  loss, grads, after = _step(model, lambda m, b: m(b), x)
+  loss_f, grads_f, after_f = _step(model, f.fn, x)
+  np.testing.assert_allclose(loss_f, loss, rtol=1e-6)
+  _assert_trees_close(grads_f, grads)
+  _assert_trees_close(nnx.state(after_f), nnx.state(after))
+
+
+def test_fit_on_an_nnx_module_points_to_fit_nnx():
+  with pytest.raises(jaxremat.InvalidArgumentError, match=r"fit_nnx\(model, batch, memory_budget\)"):
+    jaxremat.fit(_mlp(), {}, jnp.ones((2, 8)), 0.5)

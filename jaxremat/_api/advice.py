@@ -45,7 +45,8 @@ def one_layer_hint(traced: TracedChain) -> str:
           if named else
           "Layers are the modules named in the trace (Flax linen modules, jax.named_scope) "
           "and this trace names none: for a flax.nnx model call "
-          "jaxremat.apply_nnx(model, batch), which names its modules; else run each block "
+          "jaxremat.apply_nnx(model, batch) (jaxremat.fit_nnx for a budget), which names "
+          "its modules; else run each block "
           "under jax.named_scope."))
 
 

@@ -16,11 +16,12 @@ from jaxremat._model.chain import Plan
 from jaxremat.solvers._budget import budget_as_int
 
 
-def check_model_fn(model_fn: Callable[..., Any]) -> None:
+def check_model_fn(model_fn: Callable[..., Any], nnx_entry: str = "apply_nnx(model, batch)"
+                   ) -> None:
   if isinstance(model_fn, nnx.Module):
     raise InvalidArgumentError(
         f"model_fn is an nnx module ({type(model_fn).__name__}): plan it with "
-        "jaxremat.apply_nnx(model, batch), which splits its state into params.")
+        f"jaxremat.{nnx_entry}, which splits its state into params.")
   if isinstance(model_fn, nn.Module):
     raise InvalidArgumentError(
         f"model_fn is a Flax module ({type(model_fn).__name__}), not its apply function: "

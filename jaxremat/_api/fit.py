@@ -178,7 +178,7 @@ def fit(
       found (XLA's when ``verify``), and the message says which.
     NotAChainError: the layers are not a chain (a graph: use ``apply``).
   """
-  checks.check_model_fn(model_fn)
+  checks.check_model_fn(model_fn, "fit_nnx(model, batch, memory_budget)")
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
   _check_budget(memory_budget)

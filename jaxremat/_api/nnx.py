@@ -13,6 +13,7 @@ import jax
 from flax import nnx
 
 from jaxremat._api.apply import apply
+from jaxremat._api.fit import Fitted, fit
 from jaxremat._api.result import Remat
 from jaxremat._errors import InputMismatchError
 
@@ -22,9 +23,11 @@ _GRAPHDEF = "_jaxremat_nnx_graphdef"
 _STATE = "_jaxremat_nnx_state"
 _WRT = "_jaxremat_nnx_wrt"
 
-# The keyword-only options of ``jaxremat.apply``; apply_nnx passes them on.
-_APPLY_OPTIONS = frozenset(p.name for p in inspect.signature(apply).parameters.values()
-                           if p.kind is p.KEYWORD_ONLY)
+# The keyword-only options of ``jaxremat.apply`` and ``jaxremat.fit``; apply_nnx and
+# fit_nnx pass them on.
+_APPLY_OPTIONS, _FIT_OPTIONS = (
+    frozenset(p.name for p in inspect.signature(f).parameters.values()
+              if p.kind is p.KEYWORD_ONLY) for f in (apply, fit))
 
 # id(module) -> scope name, for the modules of the copy being traced (this context only).
 _SCOPES: contextvars.ContextVar[dict[int, str]] = contextvars.ContextVar("jaxremat_nnx_scopes")
@@ -93,13 +96,51 @@ def apply_nnx(
     NotAChainError, EmptyModelError, UnsupportedModelError, and the other errors of
       ``jaxremat.apply``.
   """
+  return _planned(apply, _APPLY_OPTIONS, model, batch, (), wrt, kwargs)
+
+
+def fit_nnx(
+    model: nnx.Module,
+    batch: Any,
+    memory_budget: float | int,
+    *,
+    wrt: Any = nnx.Param,
+    **kwargs: Any,
+) -> Fitted:
+  """``jaxremat.fit`` for the flax.nnx module ``model``: the fastest plan whose training
+  step fits ``memory_budget``, per residual; traced as ``apply_nnx`` traces it.
+
+  The result's ``fn(model, batch, **call_kwargs)`` is a drop-in for ``model(batch,
+  **call_kwargs)`` as ``apply_nnx``'s is (state updates written back into ``model``)::
+
+    f = jaxremat.fit_nnx(model, x, 0.5)  # half of the activations
+    loss, grads = nnx.value_and_grad(lambda m: loss_of(f.fn(m, x), y))(model)
+
+  Args:
+    model, batch, wrt: as for ``apply_nnx``.
+    memory_budget: as for ``fit``: a float in ``(0, 1]`` is a share of the activations,
+      an int (or a float above 1) bytes.
+    **kwargs: the options of ``jaxremat.fit`` (``layer_depth``, ``verify``, ``target``,
+      ``time_steps``), as there; every other keyword is passed to the model on every
+      call (array leaves are traced).
+
+  Raises:
+    TypeError: as for ``apply_nnx``; and the errors of ``jaxremat.fit``.
+  """
+  return _planned(fit, _FIT_OPTIONS, model, batch, (memory_budget,), wrt, kwargs)
+
+
+def _planned(entry: Any, option_names: frozenset[str], model: nnx.Module, batch: Any,
+             args: tuple[Any, ...], wrt: Any, kwargs: dict[str, Any]) -> Any:
+  """``entry`` (apply or fit) on ``model`` split by ``wrt`` and called on a scoped copy;
+  the result's ``fn`` takes the model."""
   _check_module(model)
-  options = {k: kwargs.pop(k) for k in _APPLY_OPTIONS & kwargs.keys()}
+  options = {k: kwargs.pop(k) for k in option_names & kwargs.keys()}
   _check_no_nnx_objects(batch, kwargs)
   # flax types split(node, first, second) as a variadic tuple
   graphdef, params, rest = nnx.split(model, wrt, ...)  # type: ignore[misc]
   call_kwargs = {_GRAPHDEF: graphdef, _STATE: rest, _WRT: wrt, **kwargs}
-  result = apply(_call_merged, params, batch, **options, **call_kwargs)
+  result = entry(_call_merged, params, batch, *args, **options, **call_kwargs)
   return dataclasses.replace(result, fn=_NnxDropIn(result.fn, wrt, graphdef, type(model)))
 
 
