@@ -162,7 +162,10 @@ def test_footprint_below_plain_and_near_best_uniform(name):
   model, params, x = MODELS[name]()
   fn = _apply_fn(model)
   plan = jaxremat.Plan()  # the chain around the stack as it is: only the stack varies
-  chosen = jaxremat.apply(fn, params, x, plan=plan).scans[0]
+  r = jaxremat.apply(fn, params, x, plan=plan)
+  chosen = r.scans[0]
+  # a user's trial read the "none" row as the model as written
+  assert "every strategy runs the scanned stacks segmented" in r.report()
   n = chosen.length
   plain = _measured(fn, params, x)
   uniform = {k: _measured(jaxremat.apply(fn, params, x, scan_segment=k, plan=plan).fn, params, x)

@@ -149,6 +149,9 @@ class Remat:
     lines.append(f"input x_0: {fmt_bytes(planner.input_bytes)}; fixed (params, batch, grads): "
                  f"{fmt_bytes(self.fixed_bytes)}; predicted by the {self.profile} profile")
     plans = planner.reported_plans(plan)
+    if self.scans:
+      lines.append("every strategy runs the scanned stacks segmented (below); 'none' places "
+                   "no checkpoint between the layers")
     w = max(14, *(len(m) + 2 for m in plans))
     lines.append(f"{'strategy':<{w}}{'checkpoints':>12}{model + ' peak':>16}"
                  f"{'predicted total':>18}{'recompute GFLOP':>18}")
