@@ -168,7 +168,6 @@ class Search:
     self.tried: list[tuple[GroupCost, ...]] = []
     self.least = 0  # the least predicted peak, in the groups' scale, once the DP finds none
     self.fastest: float | None = None  # predicted seconds of the fastest plan that fitted
-    self._excess = 1
     self._ceiling: int | None = None  # the least allowance whose DP plan missed
     self._missed_by: dict[tuple[GroupCost, ...], int] = {}  # XLA's excess, groups' scale
     self._misses = {"dp": 0, "layers": 0}
@@ -221,8 +220,8 @@ class Search:
     if not from_layers:
       self._misses["dp"] += 1
       self._ceiling = self.allowed if self._ceiling is None else min(self.allowed, self._ceiling)
-      self._excess = self._missed_by[groups] = max(int(excess_bytes / self.scale), 1)
-      self.allowed -= self._excess  # XLA needs this much more than predicted: ask for less
+      self._missed_by[groups] = excess = max(int(excess_bytes / self.scale), 1)
+      self.allowed -= excess  # XLA needs this much more than predicted: ask for less
 
 
 def _seconds(groups: tuple[GroupCost, ...]) -> float:
