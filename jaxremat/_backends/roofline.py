@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -20,7 +19,7 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 
 from jaxremat._backends.step_time import best_step_seconds
-from jaxremat._backends.targets import Target, get_target
+from jaxremat._backends.targets import Target, config_number, get_target
 from jaxremat._errors import InvalidArgumentError
 from jaxremat._jaxpr import compat as _compat
 
@@ -141,7 +140,7 @@ def roofline_for(target: str | Target | None) -> Roofline:
   assert resolved is not None
   if resolved.name in GPU_ROOFLINES:
     return GPU_ROOFLINES[resolved.name]
-  facts = {k: _config_number(resolved.config, k)
+  facts = {k: config_number(resolved.config, k)
            for k in ("core_count", "fpus_per_core", "clock_rate_ghz", "memory_bandwidth")}
   flops = facts["core_count"] * facts["fpus_per_core"] * 2 * facts["clock_rate_ghz"] * 1e9
   if not (flops > 0 and facts["memory_bandwidth"] > 0):
@@ -152,7 +151,3 @@ def roofline_for(target: str | Target | None) -> Roofline:
   return Roofline(resolved.name, flops, facts["memory_bandwidth"],
                   CUSTOM_HOST_BYTES_PER_SECOND, HOST_OVERLAP)
 
-
-def _config_number(config: str, field: str) -> float:
-  found = re.search(rf"^\s*{field}\s*:\s*([0-9.eE+-]+)", config, re.MULTILINE)
-  return float(found.group(1)) if found else 0.0

@@ -113,7 +113,7 @@ def _from_config(text: str, name: str | None) -> Target:
     raise InvalidArgumentError(
         f'A target config must be a GpuTargetConfigProto text proto with platform_name: '
         f'"CUDA" (XLA\'s CUDA compiler is the one jaxremat drives); this one has {found}.')
-  missing = [f for f in REQUIRED_DEVICE_FIELDS if not _positive(text, f)]
+  missing = [f for f in REQUIRED_DEVICE_FIELDS if config_number(text, f) <= 0]
   if not re.search(r"cuda_compute_capability\s*{[^}]*major\s*:\s*[1-9]", text):
     missing.append("cuda_compute_capability { major }")
   if missing or not re.search(r"^\s*gpu_device_info\s*{", text, re.MULTILINE):
@@ -122,15 +122,19 @@ def _from_config(text: str, name: str | None) -> Target:
         f"crashes the process or compiles for no device): gpu_device_info {{ "
         f"{', '.join(missing or ['the whole block'])} }}. Start from a built-in config "
         "and edit it: print(jaxremat.get_target('h100').config).")
-  memory = re.search(r"^\s*device_memory_size\s*:\s*(\d+)", text, re.MULTILINE)
   described = re.search(r'^\s*device_description_str\s*:\s*"([^"]*)"', text, re.MULTILINE)
   return Target(name=name or (described.group(1) if described else "custom"), config=text,
-                memory_bytes=int(memory.group(1)) if memory else 0)
+                memory_bytes=int(config_number(text, "device_memory_size")))
 
 
-def _positive(text: str, field: str) -> bool:
-  found = re.search(rf"^\s*{field}\s*:\s*(\d+)", text, re.MULTILINE)
-  return found is not None and int(found.group(1)) > 0
+def config_number(config: str, field: str) -> float:
+  """The number a target config gives ``field`` (its first line ``field: N``), 0 when it
+  gives none."""
+  found = re.search(rf"^\s*{field}\s*:\s*([0-9.eE+-]+)", config, re.MULTILINE)
+  try:
+    return float(found.group(1)) if found else 0.0
+  except ValueError:
+    return 0.0
 
 
 def _install_hint() -> str:
