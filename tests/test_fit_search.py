@@ -49,9 +49,10 @@ def _per_layer_costs():
           for kind in (KEEP, RECOMPUTE)]
 
 
-def _dp_search(allowed):
-  """A search of the DP's plans alone (no layer-boundary plan)."""
-  search = Search(_per_layer_costs(), N, 0, allowed=allowed, scale=1.0,
+def _dp_search(allowed, costs=None):
+  """A search of the DP's plans alone (no layer-boundary plan), over ``costs`` (default
+  ``_per_layer_costs``)."""
+  search = Search(costs or _per_layer_costs(), N, 0, allowed=allowed, scale=1.0,
                   layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
                   xla_judges=True)
   search.layer_plans.current = None
@@ -178,14 +179,9 @@ def test_after_a_fit_the_layer_plans_skip_fallbacks_no_faster_than_it():
 
 def _search_with_products(allowed):
   """Per layer: kept 8 bytes (0 s), products kept 6 (0.5 s), recomputed 4 (1 s)."""
-  costs = [GroupCost(Group(i, i + 1, Option(kind)), stored, 0, seconds)
-           for i in range(N) for kind, stored, seconds in ((KEEP, 8, 0.0), ("dots", 6, 0.5),
-                                                           (RECOMPUTE, 4, 1.0))]
-  search = Search(costs, N, 0, allowed=allowed, scale=1.0,
-                  layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
-                  xla_judges=True)
-  search.layer_plans.current = None
-  return search
+  return _dp_search(allowed, [
+      GroupCost(Group(i, i + 1, Option(kind)), stored, 0, seconds) for i in range(N)
+      for kind, stored, seconds in ((KEEP, 8, 0.0), ("dots", 6, 0.5), (RECOMPUTE, 4, 1.0))])
 
 
 def test_after_a_fit_the_dp_asks_below_a_missed_plan_by_what_it_missed():

@@ -128,6 +128,17 @@ def _has_remat(fn, model, x):
   return bool(names & {"checkpoint", "remat2"})
 
 
+def _assert_step_as_plain(model, fn, x):
+  """One gradient step through ``fn`` gives the plain model's loss, gradients and state
+  (batch stats, rng counts); returns the model after the plain step."""
+  loss, grads, after = _step(model, lambda m, b: m(b), x)
+  loss_fn, grads_fn, after_fn = _step(model, fn, x)
+  np.testing.assert_allclose(loss_fn, loss, rtol=1e-6)
+  _assert_trees_close(grads_fn, grads)
+  _assert_trees_close(nnx.state(after_fn), nnx.state(after))
+  return after
+
+
 def _check_same_as_plain(model, x, **apply_kwargs):
   """apply_nnx leaves the model alone; one gradient step matches the plain model's."""
   before = _comparable(nnx.state(model))
@@ -135,12 +146,7 @@ def _check_same_as_plain(model, x, **apply_kwargs):
   _assert_trees_close(nnx.state(model), before, rtol=0, atol=0)
   assert r.plan.checkpoints, "the plan should remat at least one segment"
   assert _has_remat(r.fn, model, x)
-  loss, grads, after = _step(model, lambda m, b: m(b), x)
-  loss_r, grads_r, after_r = _step(model, r.fn, x)
-  np.testing.assert_allclose(loss_r, loss, rtol=1e-6)
-  _assert_trees_close(grads_r, grads)
-  _assert_trees_close(nnx.state(after_r), nnx.state(after))  # batch stats, rng counts
-  return r, after
+  return r, _assert_step_as_plain(model, r.fn, x)
 
 
 def test_sequential_mlp():
@@ -186,12 +192,7 @@ def test_abstract_model_with_batch_statistics():
   concrete = jaxremat.apply_nnx(_batchnorm_mlp(), x)
   assert r.plan == concrete.plan
   assert r.measured_total_bytes == concrete.measured_total_bytes
-  model = _batchnorm_mlp()
-  loss, grads, after = _step(model, lambda m, b: m(b), x)
-  loss_r, grads_r, after_r = _step(model, r.fn, x)
-  np.testing.assert_allclose(loss_r, loss, rtol=1e-6)
-  _assert_trees_close(grads_r, grads)
-  _assert_trees_close(nnx.state(after_r), nnx.state(after))
+  _assert_step_as_plain(_batchnorm_mlp(), r.fn, x)
 
 
 def test_pre_ln_transformer_stack():
@@ -389,11 +390,7 @@ def test_fit_nnx_fits_the_budget_with_the_plain_gradients_and_state():
   _assert_trees_close(nnx.state(model), before, rtol=0, atol=0)
   assert f.measured_total_bytes <= f.budget_bytes < f.no_remat_bytes
   assert _has_remat(f.fn, model, x)
-  loss, grads, after = _step(model, lambda m, b: m(b), x)
-  loss_f, grads_f, after_f = _step(model, f.fn, x)
-  np.testing.assert_allclose(loss_f, loss, rtol=1e-6)
-  _assert_trees_close(grads_f, grads)
-  _assert_trees_close(nnx.state(after_f), nnx.state(after))
+  _assert_step_as_plain(model, f.fn, x)
 
 
 def test_fit_on_an_nnx_module_points_to_fit_nnx():
