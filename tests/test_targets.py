@@ -276,6 +276,24 @@ def test_fit_for_the_target_fits_by_the_gpu_compiler():
 
 
 @needs_plugin
+def test_fit_compiles_every_k_plans_before_it_calls_a_budget_infeasible():
+  """VGG-11 at half its activations on the H100: the profile predicts every plan of its
+  search and its checkpoint-every-k plans over the budget, while XLA fits some every-k
+  plans under it. fit must find one rather than raise InfeasibleBudgetError."""
+  from jaxremat import zoo_registry
+  from jaxremat._api.loss import training_loss
+
+  entry = zoo_registry.get("vgg11-w0.25")
+  model, x = entry.build(), entry.example()
+  params = jax.eval_shape(model.init, jax.random.key(0), x)
+  x = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  fitted = jaxremat.fit(model.apply, params, x, 0.5, target="h100")
+  assert fitted.measured_total_bytes <= fitted.budget_bytes
+  measured = jaxremat.measure(training_loss(fitted.fn, {}), params, x, target="h100")
+  assert measured.total_bytes == fitted.measured_total_bytes
+
+
+@needs_plugin
 @pytest.mark.parametrize("segment", [1, 2, 4])
 def test_segmented_scan_predicted_for_the_target(segment):
   """A segmented scan's recompute-then-backward is compiled for the GPU target, not

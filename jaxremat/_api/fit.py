@@ -23,7 +23,7 @@ from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
 from jaxremat._api.measure import measure
 from jaxremat._api.planner import ChainPlanner, check_holds_inputs, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
-from jaxremat._api.verify import measured_segments
+from jaxremat._api.verify import measured_segments, sweep_uniform
 from jaxremat._backends.measure import compile_step
 from jaxremat._backends.policy_options import OptionCosts, group_costs
 from jaxremat._backends.replay import Replay, compile_replay
@@ -278,6 +278,16 @@ def fit(
         search.failed(groups, got - budget)
     if fitting:
       chosen, footprint = fitting[-1]
+    elif verify:  # before calling the budget infeasible, the plans a user would try
+      layers = search.layer_plans
+
+      def fits(plan: Plan) -> bool:
+        compiled.append(measured(as_plan(layers.groups_of(plan))))
+        return compiled[-1] <= budget
+
+      swept = sweep_uniform(planner, budget, fits, lambda p: layers.groups_of(p) in search.tried)
+      if swept is not None:
+        chosen, footprint = layers.groups_of(swept), compiled[-1]
   if chosen is None:
     if not compiled:
       raise _infeasible(budget, fixed + round(scale * search.least), "predicted", traced)

@@ -85,7 +85,7 @@ class LayerPlans:
     self._take(self._next())
 
   def _take(self, plan: Plan | None) -> None:
-    self.plan, self.current = plan, self._groups(plan)
+    self.plan, self.current = plan, self.groups_of(plan)
 
   def _next(self) -> Plan | None:
     plan, budget = None, self.budget
@@ -106,7 +106,7 @@ class LayerPlans:
       plan = self.fallbacks.pop(0)
     return plan
 
-  def _groups(self, plan: Plan | None) -> tuple[GroupCost, ...] | None:
+  def groups_of(self, plan: Plan | None) -> tuple[GroupCost, ...] | None:
     if plan is None:
       return None
     return tuple(self.options.of(g)

@@ -247,6 +247,11 @@ class GraphPlanner:
   def budget_fallbacks(self) -> list[Plan]:
     return [solve_graph(self.chain, "optimal"), solve_graph(self.chain, "best-uniform")]
 
+  def best_uniform(self, count: int) -> list[Plan]:
+    """The ``count`` checkpoint-every-k plans of least model-G peak."""
+    plans = [uniform_plan(self.chain.n, k) for k in range(1, self.chain.n)]
+    return sorted(plans, key=self.peak_bytes)[:count]
+
   def ties(self, plan: Plan, count: int) -> list[Plan]:
     """None: model G does not tell a graph's plans apart finely enough to call two a tie
     (``verify=True`` compiles the plans one cut away)."""
