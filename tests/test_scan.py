@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import jaxremat
+from scan_models import ScannedMLP
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
 
@@ -268,3 +269,16 @@ def test_every_plan_over_a_scan_with_dropout_differentiates_as_plain(make_key):
     got = jaxremat.jit(jax.value_and_grad(_loss(lambda p, b: plan.fn(p, b, rngs=rngs))))(
         params, x)
     _close(want, got)
+
+
+def test_default_apply_measures_the_segment_lengths_beside_the_estimates():
+  # A two-block nn.scan: the CPU estimate keeps it as written, where one block per
+  # segment compiles to about half (a user's trial). The default confirm measures both.
+  model = ScannedMLP(width=256, hidden=1024, outputs=10, depth=2)
+  x = jax.random.normal(jax.random.key(0), (256, 128))
+  params = model.init(jax.random.key(1), x)
+  plain = _measured(model.apply, params, x)
+  segmented = _measured(jaxremat.apply(model.apply, params, x, scan_segment=1).fn, params, x)
+  r = jaxremat.apply(model.apply, params, x)
+  assert [s.segment for s in r.scans] == [1]
+  assert _measured(r.fn, params, x) == segmented < plain

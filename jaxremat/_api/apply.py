@@ -88,8 +88,10 @@ def apply(
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) run as an outer scan over segments of ``k`` iterations, each under
-      ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) of least
-      estimated peak; an int: that ``k`` for every stack; ``None``: scans are left as
+      ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) XLA
+      measures smallest, of every divisor with ``verify=True``, by default of the
+      estimate's choice and the divisors beside it (two or three compiles a stack), with
+      ``verify=False`` the estimate's choice; an int: that ``k`` for every stack; ``None``: scans are left as
       they are (one opaque layer).
     target: plan for this GPU instead of the local backend, from any machine (no GPU
       needed): ``"h100"``, ``"h200"``, ``"a100"``, a target-config text or file, or a
@@ -147,8 +149,9 @@ def apply(
   scans: tuple[ScanPlan, ...] = ()
   if scan_segment is not None and not traced.is_graph:
     segment: int | str | tuple[int, ...] = scan_segment
-    if verify and scan_segment == "auto":
-      segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s))
+    if verify is not False and scan_segment == "auto":  # by default, the estimate's k and
+      segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s),  # its neighbours
+                                  nearby=not verify)
     traced, scans = _scan.rewrite(traced, segment)
 
   def compiled(act_bytes: tuple[int, ...]) -> Replay:  # the compiled profile

@@ -169,15 +169,21 @@ def sweep_uniform(planner: Planner, budget_bytes: int, measured_bytes: Callable[
 
 
 def measured_segments(traced: TracedChain,
-                      measured_bytes: Callable[[TracedChain, tuple[_scan.ScanPlan, ...]], int]
-                      ) -> tuple[int, ...] | str:
+                      measured_bytes: Callable[[TracedChain, tuple[_scan.ScanPlan, ...]], int],
+                      nearby: bool = False) -> tuple[int, ...] | str:
   """Per scanned stack, the segment length (a divisor of its length) whose training step
-  XLA measures smallest, one stack at a time, the others as model R chose."""
+  XLA measures smallest, one stack at a time, the others as model R chose. ``nearby``:
+  of the estimate's length (``choose_segment``) and the divisors next to it only (two or
+  three compiles a stack, where every divisor is one each)."""
   _, scans = _scan.rewrite(traced, "auto")
   segments = [s.segment for s in scans]
   for j, s in enumerate(scans):
+    lengths = _scan.divisors(s.length)
+    if nearby:
+      at = lengths.index(s.segment)
+      lengths = lengths[max(at - 1, 0):at + 2]
     sizes = {}
-    for k in _scan.divisors(s.length):
+    for k in lengths:
       trial = (*segments[:j], k, *segments[j + 1:])
       sizes[k] = measured_bytes(*_scan.rewrite(traced, trial))
     segments[j] = min(sizes, key=lambda k: (sizes[k], -k))
