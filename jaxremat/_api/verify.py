@@ -40,7 +40,8 @@ def least_measured(measured: Measured,
 
 
 def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
-              spread: bool = False, prune_above: float = PRUNE_ABOVE) -> list[Plan]:
+              spread: bool = False, prune_above: float = PRUNE_ABOVE,
+              first: tuple[Plan, ...] = ()) -> list[Plan]:
   """``plan`` and up to ``limit - 1`` of the planner's candidates: where the planner ranks
   its candidates by prediction, least predicted first, leaving out those predicted more
   than ``prune_above`` (a fraction) above the least prediction; else in the planner's
@@ -50,6 +51,8 @@ def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
   move from it (one added, dropped or moved) go last. After XLA missed ``plan``'s
   prediction, those are likely off the same way (the estimate cannot tell them apart); a
   plan the estimate tells apart, or of another structure, is a new measurement.
+
+  ``first``: plans to compile before the ranked ones, unpruned (a second opinion).
   """
   found = {p.checkpoints: Plan(p.checkpoints) for p in planner.candidates(plan) if not p.is_nested}
   found.pop(plan.checkpoints, None)
@@ -63,7 +66,10 @@ def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
     if spread:  # stable: the candidates predicted as ``plan`` was, a move from it, go last
       moves = lambda c: len(set(c) ^ set(plan.checkpoints))  # noqa: E731
       ranked.sort(key=lambda c: predicted[c] == own and moves(c) <= 2)
-  return [plan, *(found[c] for c in ranked[:limit - 1])]
+  ahead = [p for p in dict.fromkeys(Plan(p.checkpoints) for p in first)
+           if p.checkpoints != plan.checkpoints]
+  ranked = [c for c in ranked if c not in {p.checkpoints for p in ahead}]
+  return [plan, *ahead, *(found[c] for c in ranked)][:limit]
 
 
 def confirm_plan(planner: Planner, plan: Plan,
@@ -75,7 +81,8 @@ def confirm_plan(planner: Planner, plan: Plan,
   checkpoint from it or from model R's optimum, predicted at most 1% above it): where
   the estimate cannot tell plans apart, XLA can. Otherwise, ``CONFIRM_EXTRA`` candidates
   (``shortlist`` with ``spread``), pruned by their prediction only beyond
-  ``PRUNE_ABOVE`` plus the miss: this model's predictions are that far off.
+  ``PRUNE_ABOVE`` plus the miss: this model's predictions are that far off; the
+  planner's ``second_opinion`` first.
   """
   measured = measured_bytes(plan)
   miss = abs(measured - planner.total_bytes(plan)) / measured
@@ -86,17 +93,17 @@ def confirm_plan(planner: Planner, plan: Plan,
     return _least(planner, plan, found, "confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
                      known={plan.checkpoints: measured}, spread=True,
-                     prune_above=PRUNE_ABOVE + miss)
+                     prune_above=PRUNE_ABOVE + miss, first=planner.second_opinion())
 
 
 def verify_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], int],
                 limit: int = MAX_COMPILES, known: Measured | None = None,
-                spread: bool = False, prune_above: float = PRUNE_ABOVE
-                ) -> tuple[Plan, Measured]:
-  """Compiles ``shortlist(planner, plan, limit, spread, prune_above)`` (less what
+                spread: bool = False, prune_above: float = PRUNE_ABOVE,
+                first: tuple[Plan, ...] = ()) -> tuple[Plan, Measured]:
+  """Compiles ``shortlist(planner, plan, limit, spread, prune_above, first)`` (less what
   ``known`` holds) and keeps the plan XLA measures smallest."""
   measured = dict(known or {})
-  for p in shortlist(planner, plan, limit, spread, prune_above):
+  for p in shortlist(planner, plan, limit, spread, prune_above, first):
     if p.checkpoints not in measured:
       measured[p.checkpoints] = measured_bytes(p)
   return _least(planner, plan, measured, "verified"), measured
