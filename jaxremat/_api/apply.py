@@ -9,8 +9,8 @@ from jaxremat._api import checks
 from jaxremat._api.advice import (warn_as_written, warn_if_coarse, warn_if_rematerialised,
                                   warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
-from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
-from jaxremat._api.measure import measure
+from jaxremat._api.loss import training_loss_with_arrays
+from jaxremat._api.measure import step_bytes
 from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method, check_holds_inputs,
                                    make_planner)
 from jaxremat._api.result import AS_WRITTEN, Remat
@@ -141,9 +141,7 @@ def apply(
   def measured(plan: Plan, traced: TracedChain = traced, scans: tuple[ScanPlan, ...] = ()) -> int:
     with clock("compile"):
       drop_in = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
-      loss, arrays = training_loss_with_arrays(drop_in, model_kwargs)
-      return measure(batch_with_arrays(loss), params, (batch, arrays),
-                     target=resolved).total_bytes
+      return step_bytes(drop_in, model_kwargs, params, batch, resolved)
 
   written = traced  # the model as written: no checkpoints, its scans as they are
   scans: tuple[ScanPlan, ...] = ()

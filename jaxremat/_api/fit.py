@@ -19,8 +19,8 @@ from jaxremat._api import checks
 from jaxremat._api.advice import one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
-from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
-from jaxremat._api.measure import measure
+from jaxremat._api.loss import training_loss_with_arrays
+from jaxremat._api.measure import step_bytes
 from jaxremat._api.planner import ChainPlanner, check_holds_inputs, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import measured_segments, sweep_uniform
@@ -202,9 +202,7 @@ def fit(
   def segmented_bytes(variant: TracedChain, stacks: tuple[_scan.ScanPlan, ...]) -> int:
     with clock("compile"):  # XLA's footprint with the scanned stacks segmented so
       fn = DropIn(model_fn, Plan(), layer_depth, variant, key, tuple(s.segment for s in stacks))
-      loss, _ = training_loss_with_arrays(fn, model_kwargs)
-      return measure(batch_with_arrays(loss), params, (batch, arrays),
-                     target=resolved).total_bytes
+      return step_bytes(fn, model_kwargs, params, batch, resolved)
 
   # scanned stacks segmented as apply segments them: the length XLA measures smallest
   segments = measured_segments(written, segmented_bytes) if verify else "auto"
@@ -218,10 +216,9 @@ def fit(
   def measured(plan: Plan | PolicyPlan, as_written: bool = False) -> int:
     with clock("compile"):
       fn = DropIn(model_fn, plan, layer_depth, written, key) if as_written else drop_in(plan)
-      loss, _ = training_loss_with_arrays(fn, model_kwargs)
       if not (timed and isinstance(plan, PolicyPlan)):
-        return measure(batch_with_arrays(loss), params, (batch, arrays),
-                       target=resolved).total_bytes
+        return step_bytes(fn, model_kwargs, params, batch, resolved)
+      loss, _ = training_loss_with_arrays(fn, model_kwargs)
       footprint, steps[plan] = compile_step(jax.grad(loss), params, batch, arrays)
       return footprint.total_bytes
 

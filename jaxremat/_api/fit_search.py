@@ -85,7 +85,7 @@ class LayerPlans:
     self._take(self._next())
 
   def _take(self, plan: Plan | None) -> None:
-    self.plan, self.current = plan, self.groups_of(plan)
+    self.plan, self.current = plan, None if plan is None else self.groups_of(plan)
 
   def _next(self) -> Plan | None:
     plan, budget = None, self.budget
@@ -106,9 +106,8 @@ class LayerPlans:
       plan = self.fallbacks.pop(0)
     return plan
 
-  def groups_of(self, plan: Plan | None) -> tuple[GroupCost, ...] | None:
-    if plan is None:
-      return None
+  def groups_of(self, plan: Plan) -> tuple[GroupCost, ...]:
+    """``plan`` (checkpoints at layer boundaries) as the groups the DP's plans are made of."""
     return tuple(self.options.of(g)
                  for g in from_plan(plan.checkpoints, self.planner.chain.n).groups)
 

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
 from jaxremat._backends.barriers import keeping_barriers
 from jaxremat._backends.measure import Footprint, check_scalar_loss, compile_footprint
 from jaxremat._backends.targets import Target, get_target, target_footprint
@@ -68,3 +69,12 @@ def measure(
     if resolved is not None:
       return target_footprint(grad_step, (state, batch), resolved, compiler_options)
   return compile_footprint(grad_step, state, batch, compiler_options=compiler_options)
+
+
+def step_bytes(fn: Callable[..., Any], model_kwargs: Mapping[str, Any], params: Any,
+               batch: Any, target: Target | None) -> int:
+  """XLA's footprint (bytes) of the training step (``training_loss``) of ``fn``, a model
+  function or a drop-in, called with ``model_kwargs`` (their array leaves are arguments
+  of the step), compiled for ``target`` (None: the local backend)."""
+  loss, arrays = training_loss_with_arrays(fn, model_kwargs)
+  return measure(batch_with_arrays(loss), params, (batch, arrays), target=target).total_bytes
