@@ -1,7 +1,5 @@
 """The order in which ``fit`` compiles plans (``_api/fit_search.Search``), on stubs: no XLA."""
 
-import pytest
-
 from jaxremat._api.fit_search import LayerPlans, Search
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._model.chain import Plan
@@ -208,41 +206,3 @@ def test_after_a_fit_the_dp_walks_below_a_layer_plan_that_missed():
   offered = search.next()  # the next plan of the frontier below the one compiled
   assert offered is not None and sum(c.seconds for c in offered) == 1.0
 
-
-class _UniformPlanner(_Planner):
-  """Model R finds no plan within the budget; its one fallback and every-1 miss it. The
-  checkpoint-every-k plans of a 6-layer chain, in the planner's order of prediction."""
-
-  class chain:
-    n = 6
-
-  def solve_budget(self, budget: int) -> Plan:
-    raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=200)
-
-  def budget_fallbacks(self) -> list[Plan]:
-    return [Plan((1, 2, 3, 4, 5))]
-
-  def best_uniform(self, count: int) -> list[Plan]:
-    return [Plan((k,)) if 2 * k > 6 else Plan(tuple(range(k, 6, k))) for k in
-            (5, 4, 1, 3, 2)][:count]
-
-
-def test_before_calling_a_budget_infeasible_the_every_k_plans_are_compiled():
-  from jaxremat._api.verify import SWEEP_COMPILES, fit_budget
-
-  footprints = {(5,): 130, (4,): 120, (1, 2, 3, 4, 5): 110, (3,): 95, (2, 4): 90}
-  compiled = []
-
-  def measured(plan: Plan) -> int:
-    compiled.append(plan.checkpoints)
-    return footprints[plan.checkpoints]
-
-  plan, seen = fit_budget(_UniformPlanner(), 100, measured, plan=None)
-  # every-1 was compiled as the fallback, not again; every-3 is the first that fits
-  assert plan.checkpoints == (3,) and plan.method == "budget"
-  assert compiled == [(1, 2, 3, 4, 5), (5,), (4,), (3,)]
-  assert seen == {c: footprints[c] for c in compiled}
-  assert SWEEP_COMPILES >= 3
-  with pytest.raises(InfeasibleBudgetError) as err:  # none fits: XLA's least is given
-    fit_budget(_UniformPlanner(), 80, measured, plan=None)
-  assert err.value.min_feasible_bytes == 90

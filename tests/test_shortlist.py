@@ -1,6 +1,10 @@
-"""Which plans verify and the default confirm compile (``_api/verify.shortlist``)."""
+"""Which plans verify, the default confirm and a budget fit compile (``_api/verify``)."""
 
-from jaxremat._api.verify import CONFIRM_EXTRA, confirm_plan, shortlist
+import pytest
+
+from jaxremat._api.verify import (CONFIRM_EXTRA, SWEEP_COMPILES, SWEEP_WITHIN, confirm_plan,
+                                  fit_budget, shortlist, sweep_uniform)
+from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._model.chain import Plan
 
 
@@ -137,3 +141,66 @@ def test_confirm_compiles_at_most_the_tie_limit():
   planner = _TiedPlanner({**TIED, (3,): 8224, (4,): 8224}, ties)
   _, _, compiled = _confirm(planner, (2, 6))
   assert len(compiled) == 1 + CONFIRM_EXTRA
+
+
+class _UniformPlanner:
+  """Model R finds no plan within any budget; its one fallback is every-1. The
+  checkpoint-every-k plans of a ``n``-layer chain, in the planner's order of prediction:
+  k = n - 1 down to 1."""
+
+  def __init__(self, n: int = 6):
+    self.chain = type("chain", (), {"n": n})
+
+  def solve_budget(self, budget: int) -> Plan:
+    raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=200)
+
+  def budget_fallbacks(self) -> list[Plan]:
+    return [Plan(tuple(range(1, self.chain.n)))]
+
+  def recompute_flops(self, plan: Plan) -> int:
+    return len(plan.checkpoints)
+
+  def best_uniform(self, count: int) -> list[Plan]:
+    n = self.chain.n
+    return [Plan(tuple(range(k, n, k))) for k in range(n - 1, 0, -1)][:count]
+
+
+def _recording(footprints):
+  compiled = []
+
+  def measured(plan: Plan) -> int:
+    compiled.append(plan.checkpoints)
+    return footprints.get(plan.checkpoints, 500)
+
+  return compiled, measured
+
+
+def test_before_calling_a_budget_infeasible_the_every_k_plans_are_compiled():
+  # every-1 (the fallback) misses and is not compiled again; every-5 and every-4 miss,
+  # every-3 is the first that fits
+  footprints = {(5,): 120, (4,): 115, (1, 2, 3, 4, 5): 110, (3,): 95, (2, 4): 90}
+  compiled, measured = _recording(footprints)
+  plan, seen = fit_budget(_UniformPlanner(), 100, measured, plan=None)
+  assert plan.checkpoints == (3,) and plan.method == "budget"
+  assert compiled == [(1, 2, 3, 4, 5), (5,), (4,), (3,)]
+  assert seen == {c: footprints[c] for c in compiled}
+  with pytest.raises(InfeasibleBudgetError) as err:  # none fits: XLA's least is given
+    fit_budget(_UniformPlanner(), 89, measured, plan=None)
+  assert err.value.min_feasible_bytes == 90
+
+
+def test_the_sweep_stops_at_its_compile_limit_and_returns_what_fits_with_its_footprint():
+  planner = _UniformPlanner(n=12)
+  compiled, measured = _recording({(1,): 80})  # every-1 fits, but is the last by prediction
+  assert sweep_uniform(planner, 100, 110, measured, lambda p: False) is None
+  assert len(compiled) == SWEEP_COMPILES
+  compiled, measured = _recording({(7,): 99})
+  found = sweep_uniform(planner, 100, 110, measured, lambda p: p.checkpoints == (11,))
+  assert found == (Plan((7,)), 99) and compiled == [(10,), (9,), (8,), (7,)]
+
+
+def test_no_sweep_when_the_least_found_is_far_over_the_budget():
+  compiled, measured = _recording({(5,): 99})
+  assert sweep_uniform(_UniformPlanner(), 100, int(100 * (1 + SWEEP_WITHIN)) + 1, measured,
+                       lambda p: False) is None
+  assert compiled == []

@@ -73,8 +73,11 @@ def apply(
       Default (None): confirm the chosen plan (or the given ``plan``) with one compile.
       When XLA's footprint is within 3% of the prediction, also compile up to 3 plans
       the estimate ties with it (one checkpoint from it or from model R's optimum,
-      predicted at most 1% above it); when it is further off, the 3 leading candidates;
-      keep XLA's least. With ``budget_bytes``, fit the budget as above. ``False``:
+      predicted at most 1% above it); when it is further off, the 3 leading candidates
+      (with the compiled profile, the estimate's best checkpoint-every-k plan first);
+      keep XLA's least. With a scanned stack and ``scan_segment="auto"``, the chosen
+      plan first measures each stack's segment length (two or three compiles a stack).
+      With ``budget_bytes``, fit the budget as above. ``False``:
       compile nothing (the prediction alone).
     calibrate: compile each layer's backward alone and take what XLA's temp needs beyond
       its residuals as its workspace (one small compile per layer).
@@ -138,18 +141,27 @@ def apply(
   checks.check_float_output(traced)
   key = input_key(params, batch, model_kwargs)
 
+  footprints: dict[tuple[Any, ...], int] = {}  # XLA's, by program: none compiled twice
+
   def measured(plan: Plan, traced: TracedChain = traced, scans: tuple[ScanPlan, ...] = ()) -> int:
-    with clock("compile"):
-      drop_in = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
-      return step_bytes(drop_in, model_kwargs, params, batch, resolved)
+    program = (plan.checkpoints, plan.inner, tuple((s.layer, s.segment) for s in scans
+                                                   if s.rematerialised))
+    if program not in footprints:
+      with clock("compile"):
+        drop_in = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
+        footprints[program] = step_bytes(drop_in, model_kwargs, params, batch, resolved)
+    return footprints[program]
 
   written = traced  # the model as written: no checkpoints, its scans as they are
   scans: tuple[ScanPlan, ...] = ()
   if scan_segment is not None and not traced.is_graph:
     segment: int | str | tuple[int, ...] = scan_segment
-    if verify is not False and scan_segment == "auto":  # by default, the estimate's k and
-      segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s),  # its neighbours
-                                  nearby=not verify)
+    # the segment length XLA measures smallest: of every divisor with verify; by default
+    # (the plan apply chooses and confirms), of the estimate's and the divisors beside it
+    if scan_segment == "auto" and (verify or (verify is None and plan is None
+                                              and method == "optimal")):
+      segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s),
+                                  nearby=verify is None)
     traced, scans = _scan.rewrite(traced, segment)
 
   def compiled(act_bytes: tuple[int, ...]) -> Replay:  # the compiled profile

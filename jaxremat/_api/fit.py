@@ -161,8 +161,11 @@ def fit(
       tighten the predicted budget by the excess and solve again; once one fits, loosen
       it by the bytes XLA left unused (or those the plan was predicted over, the more)
       and compile plans predicted faster, returning the fastest predicted that fits (at
-      most ``MAX_FIT_COMPILES`` compiles in all, plus one of the plain step for a
-      fractional budget). ``False``: the prediction alone, nothing compiled.
+      most ``MAX_FIT_COMPILES`` compiles, plus one of the plain step for a fractional
+      budget; when none fits and the least found is within 25% of the budget, up to
+      6 checkpoint-every-k plans more, least predicted first; the first that fits is
+      returned).
+      ``False``: the prediction alone, nothing compiled.
     time_steps: also compile up to ``MAX_TIMED_ALTERNATIVES`` other plans that are
       predicted to fit (every layer recomputed, every layer keeping its matrix products,
       the frontier's plans of least and middling footprint, the layer-boundary plan),
@@ -204,7 +207,8 @@ def fit(
       fn = DropIn(model_fn, Plan(), layer_depth, variant, key, tuple(s.segment for s in stacks))
       return step_bytes(fn, model_kwargs, params, batch, resolved)
 
-  # scanned stacks segmented as apply segments them: the length XLA measures smallest
+  # scanned stacks segmented as apply(verify=True) segments them: the length XLA
+  # measures smallest of every divisor
   segments = measured_segments(written, segmented_bytes) if verify else "auto"
   traced, scans = _scan.rewrite(written, segments)
 
@@ -278,13 +282,15 @@ def fit(
     elif verify:  # before calling the budget infeasible, the plans a user would try
       layers = search.layer_plans
 
-      def fits(plan: Plan) -> bool:
+      def measure_and_record(plan: Plan) -> int:
         compiled.append(measured(as_plan(layers.groups_of(plan))))
-        return compiled[-1] <= budget
+        return compiled[-1]
 
-      swept = sweep_uniform(planner, budget, fits, lambda p: layers.groups_of(p) in search.tried)
+      least = min(compiled) if compiled else fixed + round(scale * search.least)
+      swept = sweep_uniform(planner, budget, least, measure_and_record,
+                            lambda p: layers.groups_of(p) in search.tried)
       if swept is not None:
-        chosen, footprint = layers.groups_of(swept), compiled[-1]
+        chosen, footprint = layers.groups_of(swept[0]), swept[1]
   if chosen is None:
     if not compiled:
       raise _infeasible(budget, fixed + round(scale * search.least), "predicted", traced)

@@ -127,10 +127,9 @@ class ChainPlanner:
     smallest: a candidate from an independent prediction, for when XLA missed the
     replay's (the realworld ResNet on the H100: the replay's plan 10% low, the estimate's
     every-2 the least of every plan compiled). Else none."""
-    if self.replay is None or self.chain.n > MAX_REFINE_LAYERS:
+    if self.replay is None:
       return ()
-    estimate = lambda p: estimate_temp_bytes(self.chain, self.buffers, p)  # noqa: E731
-    return (min((uniform_plan(self.chain.n, k) for k in range(1, self.chain.n)), key=estimate),)
+    return tuple(dataclasses.replace(self, replay=None).best_uniform(1))
 
   def budget_fallbacks(self) -> list[Plan]:
     """Plans to try when model R finds none within a budget that XLA may still meet."""

@@ -23,6 +23,9 @@ PRUNE_ABOVE = 0.10
 #: no plan the search tried fits is called infeasible (VGG-11 at half its activations on
 #: the H100: the profile predicts every-7 22% high, XLA fits it 6% under the budget).
 SWEEP_COMPILES = 6
+#: The sweep runs only when the least footprint found is at most this fraction over the
+#: budget: the profile's misses of checkpoint-every-k plans reach 22% (that VGG-11).
+SWEEP_WITHIN = 0.25
 _SAME_FOOTPRINT = 0.001  # relative: XLA footprints this close are one figure
 _FIT_ROUNDS = 6  # whole-step compiles at most while tightening a budget plan
 
@@ -147,13 +150,15 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
     if seen[candidate.checkpoints] <= budget_bytes:
       return Plan(candidate.checkpoints, method="budget"), seen
 
-  def compiled(plan: Plan) -> int:
+  def measure_and_record(plan: Plan) -> int:
     seen[plan.checkpoints] = measured_bytes(plan)
     return seen[plan.checkpoints]
 
-  swept = sweep_uniform(planner, budget_bytes, compiled, lambda p: p.checkpoints in seen)
+  least = min(seen.values())
+  swept = sweep_uniform(planner, budget_bytes, least, measure_and_record,
+                        lambda p: p.checkpoints in seen)
   if swept is not None:
-    return Plan(swept.checkpoints, method="budget"), seen
+    return Plan(swept[0].checkpoints, method="budget"), seen
   least = min(seen.values())
   raise InfeasibleBudgetError(
       f"budget_bytes={budget_bytes} ({fmt_bytes(budget_bytes)}) is below the least footprint "
@@ -162,16 +167,21 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
       budget_bytes=budget_bytes, min_feasible_bytes=least)
 
 
-def sweep_uniform(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Plan], int],
-                  compiled: Callable[[Plan], bool]) -> Plan | None:
-  """The first checkpoint-every-k plan XLA fits in ``budget_bytes``, of the
-  ``SWEEP_COMPILES`` not ``compiled`` yet that the planner predicts smallest (their
-  prediction has missed by then; these are the plans a user would try by hand); None
-  when none of them fits."""
-  fresh = [p for p in planner.best_uniform(planner.chain.n) if not compiled(p)]
+def sweep_uniform(planner: Planner, budget_bytes: int, least_bytes: int,
+                  measured_bytes: Callable[[Plan], int], was_compiled: Callable[[Plan], bool]
+                  ) -> tuple[Plan, int] | None:
+  """The first checkpoint-every-k plan XLA fits in ``budget_bytes``, with its footprint
+  (bytes), of the ``SWEEP_COMPILES`` not compiled yet that the planner predicts smallest:
+  the plans a user would try by hand, once the prediction has missed. None when none of
+  them fits, or none is compiled: ``least_bytes`` (the least footprint found so far) is
+  more than ``SWEEP_WITHIN`` over the budget."""
+  if least_bytes > budget_bytes * (1 + SWEEP_WITHIN):
+    return None
+  fresh = [p for p in planner.best_uniform(planner.chain.n) if not was_compiled(p)]
   for plan in fresh[:SWEEP_COMPILES]:
-    if measured_bytes(plan) <= budget_bytes:
-      return plan
+    footprint = measured_bytes(plan)
+    if footprint <= budget_bytes:
+      return plan, footprint
   return None
 
 
@@ -186,6 +196,8 @@ def measured_segments(traced: TracedChain,
   segments = [s.segment for s in scans]
   for j, s in enumerate(scans):
     lengths = _scan.divisors(s.length)
+    if len(lengths) == 1:
+      continue  # one iteration: nothing to choose
     if nearby:
       at = lengths.index(s.segment)
       lengths = lengths[max(at - 1, 0):at + 2]
