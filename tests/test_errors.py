@@ -288,6 +288,11 @@ CASES = [
          jaxremat.InvalidArgumentError, r"by keyword.*got 1 more positional argument"),
     Case("drop-in-batch-structure", lambda: call_drop_in(batch={"x": X}),
          jaxremat.InputMismatchError, r"batch has structure .*'x'.*but the plan was made for"),
+    Case("drop-in-params-unwrapped", lambda: call_drop_in(lambda p: p["params"]),
+         jaxremat.InputMismatchError,
+         r"params do not have the structure the plan was made for: 6 leaves missing, e\.g\. "
+         r"params\['params'\]\['layers_0'\]\['bias'\].*6 leaves not in the plan, e\.g\. "
+         r"params\['layers_0'\]\['bias'\]"),
     Case("drop-in-params-shape",
          lambda: call_drop_in(lambda p: mlp()[0].init(jax.random.key(0), jnp.ones((2, 5)))),
          jaxremat.InputMismatchError,

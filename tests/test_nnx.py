@@ -260,7 +260,7 @@ def test_xla_footprint_below_no_remat_and_within_budget():
 
 
 def test_not_an_nnx_module():
-  with pytest.raises(TypeError, match="model must be a flax.nnx.Module, got function"):
+  with pytest.raises(jaxremat.InvalidArgumentError, match="model must be a flax.nnx.Module, got function"):
     jaxremat.apply_nnx(lambda x: x, jnp.ones(3))
   with pytest.raises(TypeError, match=r"linen module use jaxremat\.apply\(model\.apply"):
     jaxremat.apply_nnx(nn.Dense(3), jnp.ones((2, 3)))
@@ -268,7 +268,7 @@ def test_not_an_nnx_module():
 
 def test_rngs_at_call_time_are_rejected():
   model = _dropout_mlp()
-  with pytest.raises(TypeError, match=r"nnx objects at \['rngs'\].*at construction"):
+  with pytest.raises(jaxremat.InvalidArgumentError, match=r"nnx objects at \['rngs'\].*at construction"):
     jaxremat.apply_nnx(model, jnp.ones((4, 8)), rngs=nnx.Rngs(0))
 
 
@@ -292,7 +292,7 @@ def test_fn_rejects_another_model_or_mode():
   r = jaxremat.apply_nnx(model, x, verify=False)  # the calls below are what is tested
   with pytest.raises(jaxremat.InputMismatchError, match="plan was made for a Sequential"):
     r.fn(TinyLM(), x)
-  with pytest.raises(TypeError, match="model must be a flax.nnx.Module"):
+  with pytest.raises(jaxremat.InvalidArgumentError, match="model must be a flax.nnx.Module"):
     r.fn(nnx.split(model)[1], x)
   evaluating = nnx.clone(model)
   evaluating.eval()

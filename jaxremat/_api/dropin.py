@@ -118,7 +118,8 @@ class DropIn:
     bfloat16 in the loss); the batch may change shapes, not structure."""
     want, got = self._params_key, key[0]
     if want[0] != got[0]:
-      raise InputMismatchError(f"params has structure {got[0]}, but the plan was made for {want[0]}.")
+      raise InputMismatchError("params do not have the structure the plan was made for: "
+                               + _structure_difference(params, want[0]) + ".")
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     diffs = [f"params{path}: shape {g[0]} (expected {w[0]})"
              for path, w, g in zip(paths, want[1], got[1]) if w[0] != g[0]]
@@ -129,6 +130,20 @@ class DropIn:
     if key[1][0] != self._batch_key[0]:
       raise InputMismatchError(
           f"batch has structure {key[1][0]}, but the plan was made for {self._batch_key[0]}.")
+
+
+def _structure_difference(tree: Any, want: Any) -> str:
+  """Where ``tree`` differs from the tree structure ``want``: the leaf paths it lacks and
+  those it has beyond it (a few of each), e.g. a missing ``{'params': ...}`` wrapper."""
+  def paths(t: Any) -> list[str]:
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(t)[0]]
+
+  got, expected = paths(tree), paths(jax.tree_util.tree_unflatten(want, [0] * want.num_leaves))
+  missing = [p for p in expected if p not in set(got)]
+  extra = [p for p in got if p not in set(expected)]
+  parts = [f"{len(found)} leaves {what}, e.g. " + ", ".join(f"params{p}" for p in found[:3])
+           for what, found in (("missing", missing), ("not in the plan", extra)) if found]
+  return "; ".join(parts) or f"{tree!r:.200}"
 
 
 def policy_drop_in(model_fn: Callable[..., Any], plan: Plan | PolicyPlan,

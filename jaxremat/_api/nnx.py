@@ -15,7 +15,7 @@ from flax import nnx
 from jaxremat._api.apply import apply
 from jaxremat._api.fit import Fitted, fit
 from jaxremat._api.result import Remat
-from jaxremat._errors import InputMismatchError
+from jaxremat._errors import InputMismatchError, InvalidArgumentError
 
 # Keyword arguments that carry the nnx graph and non-differentiated state through
 # ``jaxremat.apply`` (the graph definition is static, the state's arrays are traced).
@@ -91,8 +91,8 @@ def apply_nnx(
     ``model(batch, **call_kwargs)``, state updates included.
 
   Raises:
-    TypeError: ``model`` is not an ``nnx.Module`` (a linen module goes to
-      ``jaxremat.apply(model.apply, params, batch)``), or non-array inputs.
+    InvalidArgumentError: ``model`` is not an ``nnx.Module`` (a linen module goes to
+      ``jaxremat.apply(model.apply, params, batch)``), or nnx objects among the inputs.
     NotAChainError, EmptyModelError, UnsupportedModelError, and the other errors of
       ``jaxremat.apply``.
   """
@@ -125,7 +125,7 @@ def fit_nnx(
       call (array leaves are traced).
 
   Raises:
-    TypeError: as for ``apply_nnx``; and the errors of ``jaxremat.fit``.
+    InvalidArgumentError: as for ``apply_nnx``; and the errors of ``jaxremat.fit``.
   """
   return _planned(fit, _FIT_OPTIONS, model, batch, (memory_budget,), wrt, kwargs)
 
@@ -150,7 +150,8 @@ def _check_module(model: Any) -> None:
   hint = ""
   if hasattr(model, "apply") and hasattr(model, "init"):
     hint = " For a Flax linen module use jaxremat.apply(model.apply, params, batch)."
-  raise TypeError(f"model must be a flax.nnx.Module, got {type(model).__name__}.{hint}")
+  raise InvalidArgumentError(
+      f"model must be a flax.nnx.Module, got {type(model).__name__}.{hint}")
 
 
 def _check_no_nnx_objects(batch: Any, kwargs: dict[str, Any]) -> None:
@@ -159,7 +160,7 @@ def _check_no_nnx_objects(batch: Any, kwargs: dict[str, Any]) -> None:
       {"batch": batch, **kwargs}, is_leaf=lambda x: isinstance(x, (nnx.Pytree, nnx.Variable)))
   bad = [jax.tree_util.keystr(p) for p, x in leaves if isinstance(x, (nnx.Pytree, nnx.Variable))]
   if bad:
-    raise TypeError(
+    raise InvalidArgumentError(
         f"the model's inputs hold nnx objects at {', '.join(bad[:5])}: their state updates "
         "(e.g. an nnx.Rngs count) would be lost. Give them to the model at construction "
         "(nnx.Dropout(rate, rngs=rngs)) and pass only arrays (and static options) at call.")
