@@ -191,6 +191,11 @@ CASES = [
          lambda: jaxremat.measure(lambda w, x: jnp.sum(x * w), jnp.ones(3), X,
                                   target='platform_name: "CUDA"\n'),
          jaxremat.InvalidArgumentError, r"threads_per_warp.*get_target\('h100'\)"),
+    Case("apply-loss-fn-not-callable", lambda: apply_mlp(loss_fn="cross_entropy"),
+         jaxremat.InvalidArgumentError, r"loss_fn must be a function of the model's output.*got str"),
+    Case("apply-loss-fn-not-scalar",
+         lambda: apply_mlp(loss_fn=lambda out: out * 2, verify=False),
+         jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
     Case("measure-non-scalar-loss", lambda: jaxremat.measure(mlp()[0].apply, mlp()[1], X),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
     # Models jaxremat cannot checkpoint.

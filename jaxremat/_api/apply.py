@@ -9,7 +9,7 @@ from jaxremat._api import checks
 from jaxremat._api.advice import (warn_as_written, warn_if_coarse, warn_if_rematerialised,
                                   warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
-from jaxremat._api.loss import training_loss_with_arrays
+from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
 from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method, check_holds_inputs,
                                    make_planner)
@@ -39,6 +39,7 @@ def apply(
     profile: str | None = None,
     scan_segment: int | str | None = "auto",
     target: str | Target | None = None,
+    loss_fn: LossFn | None = None,
     **model_kwargs: Any,
 ) -> Remat:
   """Chooses checkpoints for ``model_fn`` and returns a rematerialised drop-in.
@@ -62,8 +63,7 @@ def apply(
       a chain (the blocks inside an ``Encoder``); ``Remat.decomposition`` says why.
     refine: for ``method="optimal"`` on a chain, improve model R's optimum by local
       search on the backend's estimate of XLA's footprint (``predict_total_bytes``).
-    verify: compile the training step (``jax.grad`` of the sum of mean squares of the
-      float outputs; with ``mutable=``, of the prediction alone) for the chosen plan and
+    verify: compile the training step (``jax.grad`` of ``loss_fn``) for the chosen plan and
       up to ``MAX_COMPILES - 1`` candidates predicted within 10% of the least (model R's
       and model A's optima, the best uniform plans, the estimate's near ties), and keep
       the one XLA measures smallest (within 0.1%, the one that recomputes least); with
@@ -103,6 +103,13 @@ def apply(
       budgets) is XLA's GPU compiler's for it (JAX's CUDA plugin is needed:
       ``TargetUnavailableError`` says how to install it). params and batch may be
       ``jax.ShapeDtypeStruct``s; nothing is allocated.
+    loss_fn: the training loss of the model's output, ``loss_fn(output) -> float
+      scalar`` (with ``mutable=``, of the prediction alone), in every step compiled here
+      (its prediction, confirm, verify, budget), e.g. ``lambda logits:
+      optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()``: a
+      cross-entropy's softmax is activation memory too. Default: the sum of the mean
+      squares of the float outputs. Labels it closes over are constants of the compiled
+      step (for a ``target``, build them in the function, e.g. ``jnp.zeros``).
     **model_kwargs: the keyword arguments of a training call of ``model_fn`` (``rngs=``,
       ``mutable=``, ``train=``), with which it is traced and compiled here; array leaves
       are traced, the rest is static. ``fn`` takes them on every call, as ``model_fn``
@@ -122,6 +129,7 @@ def apply(
     the table in docs/errors.md lists each case.
   """
   checks.check_model_fn(model_fn)
+  checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
   checks.check_options(plan, layer_depth)
@@ -139,6 +147,7 @@ def apply(
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)
+  checks.check_loss_output(model_fn, params, batch, model_kwargs, loss_fn)
   key = input_key(params, batch, model_kwargs)
 
   footprints: dict[tuple[Any, ...], int] = {}  # XLA's, by program: none compiled twice
@@ -149,7 +158,8 @@ def apply(
     if program not in footprints:
       with clock("compile"):
         drop_in = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
-        footprints[program] = step_bytes(drop_in, model_kwargs, params, batch, resolved)
+        footprints[program] = step_bytes(drop_in, model_kwargs, params, batch, resolved,
+                                         loss_fn)
     return footprints[program]
 
   written = traced  # the model as written: no checkpoints, its scans as they are
@@ -165,7 +175,7 @@ def apply(
     traced, scans = _scan.rewrite(traced, segment)
 
   def compiled(act_bytes: tuple[int, ...]) -> Replay:  # the compiled profile
-    loss, arrays = training_loss_with_arrays(model_fn, model_kwargs)
+    loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
     return compile_replay(traced, loss, params, batch, act_bytes, resolved, arrays)
 
   replayed = (profile or ("compiled" if resolved else "jaxpr")) == "compiled"

@@ -9,11 +9,31 @@ import flax.linen as nn
 import jax
 from flax import nnx
 
+from jaxremat._api.loss import training_loss_with_arrays
+from jaxremat._backends.measure import check_scalar_loss
 from jaxremat._errors import InvalidArgumentError, InvalidBudgetError, UnsupportedModelError
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.trace import TracedChain, is_array_leaf
 from jaxremat._model.chain import Plan
 from jaxremat.solvers._budget import budget_as_int
+
+
+def check_loss_fn(loss_fn: Any) -> None:
+  if loss_fn is not None and not callable(loss_fn):
+    raise InvalidArgumentError(
+        f"loss_fn must be a function of the model's output returning a float scalar "
+        f"(e.g. lambda logits: optax.softmax_cross_entropy_with_integer_labels(logits, "
+        f"labels).mean()), got {type(loss_fn).__name__}.")
+
+
+def check_loss_output(model_fn: Callable[..., Any], params: Any, batch: Any,
+                      model_kwargs: dict[str, Any], loss_fn: Any) -> None:
+  """Rejects a ``loss_fn`` whose value on the model's output is not a float scalar, by
+  its shape alone (nothing compiled), before any step is compiled with it."""
+  if loss_fn is None:
+    return
+  loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
+  check_scalar_loss(jax.eval_shape(loss, params, batch, arrays))
 
 
 def check_model_fn(model_fn: Callable[..., Any], nnx_entry: str = "apply_nnx(model, batch)"

@@ -19,7 +19,7 @@ from jaxremat._api import checks
 from jaxremat._api.advice import one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
-from jaxremat._api.loss import training_loss_with_arrays
+from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
 from jaxremat._api.planner import ChainPlanner, check_holds_inputs, fmt_bytes, make_planner
 from jaxremat._api.stopwatch import Stopwatch
@@ -134,6 +134,7 @@ def fit(
     verify: bool = True,
     target: str | Target | None = None,
     time_steps: bool | None = None,
+    loss_fn: LossFn | None = None,
     **model_kwargs: Any,
 ) -> Fitted:
   """The fastest plan whose training step fits ``memory_budget``, per residual.
@@ -152,7 +153,8 @@ def fit(
   iteration per segment under that policy (``nn.remat`` of the block inside the scan).
 
   Args:
-    model_fn, params, batch, layer_depth, target, **model_kwargs: as for ``apply``.
+    model_fn, params, batch, layer_depth, target, loss_fn, **model_kwargs: as for
+      ``apply``: the budget holds for the step of ``loss_fn``.
     memory_budget: the step's footprint allowed: a float in ``(0, 1]`` is a share of
       the activations (the footprint of the model as written less the fixed bytes; with
       ``verify=False`` and a scanned stack, of it segmented), on top of the fixed bytes;
@@ -182,6 +184,7 @@ def fit(
     NotAChainError: the layers are not a chain (a graph: use ``apply``).
   """
   checks.check_model_fn(model_fn, "fit_nnx(model, batch, memory_budget)")
+  checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
   _check_budget(memory_budget)
@@ -195,6 +198,7 @@ def fit(
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)
+  checks.check_loss_output(model_fn, params, batch, model_kwargs, loss_fn)
   if traced.is_graph:
     raise NotAChainError(f"{traced.not_a_chain} jaxremat.fit plans chains of layers; plan "
                          "this model with jaxremat.apply (budget_bytes=) instead.")
@@ -205,7 +209,7 @@ def fit(
   def segmented_bytes(variant: TracedChain, stacks: tuple[_scan.ScanPlan, ...]) -> int:
     with clock("compile"):  # XLA's footprint with the scanned stacks segmented so
       fn = DropIn(model_fn, Plan(), layer_depth, variant, key, tuple(s.segment for s in stacks))
-      return step_bytes(fn, model_kwargs, params, batch, resolved)
+      return step_bytes(fn, model_kwargs, params, batch, resolved, loss_fn)
 
   # scanned stacks segmented as apply(verify=True) segments them: the length XLA
   # measures smallest of every divisor
@@ -221,15 +225,15 @@ def fit(
     with clock("compile"):
       fn = DropIn(model_fn, plan, layer_depth, written, key) if as_written else drop_in(plan)
       if not (timed and isinstance(plan, PolicyPlan)):
-        return step_bytes(fn, model_kwargs, params, batch, resolved)
-      loss, _ = training_loss_with_arrays(fn, model_kwargs)
+        return step_bytes(fn, model_kwargs, params, batch, resolved, loss_fn)
+      loss, _ = training_loss_with_arrays(fn, model_kwargs, loss_fn)
       footprint, steps[plan] = compile_step(jax.grad(loss), params, batch, arrays)
       return footprint.total_bytes
 
   def replay(act_bytes: tuple[int, ...]) -> Replay:  # a GPU target's compiled profile
     assert resolved is not None
-    return compile_replay(traced, training_loss_with_arrays(model_fn, model_kwargs)[0],
-                          params, batch, act_bytes, resolved, arrays)
+    loss = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)[0]
+    return compile_replay(traced, loss, params, batch, act_bytes, resolved, arrays)
 
   with clock("profile"):  # as apply: the layer-boundary plans predicted alike
     planner = make_planner(traced, scans, params, batch, model_kwargs, False,

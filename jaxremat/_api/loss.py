@@ -12,8 +12,13 @@ from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.trace import merge_kwargs, split_kwargs
 
 
-def training_loss(fn: Callable[..., Any], model_kwargs: Mapping[str, Any]) -> Callable[..., Any]:
-  """``loss(params, batch)``: the sum of the mean squares of ``fn``'s float outputs.
+LossFn = Callable[[Any], Any]  # the model's output -> a float scalar
+
+
+def training_loss(fn: Callable[..., Any], model_kwargs: Mapping[str, Any],
+                  loss_fn: LossFn | None = None) -> Callable[..., Any]:
+  """``loss(params, batch)``: ``loss_fn`` of ``fn``'s output (the user's training loss),
+  by default the sum of the mean squares of its float outputs.
 
   With Flax's ``mutable=``, the output is ``(prediction, updated collections)`` and only
   the prediction is read, as a training loss reads it: the updated BatchNorm statistics
@@ -23,13 +28,16 @@ def training_loss(fn: Callable[..., Any], model_kwargs: Mapping[str, Any]) -> Ca
     out = fn(params, batch, **model_kwargs)
     if model_kwargs.get("mutable", False) and isinstance(out, tuple) and len(out) == 2:
       out = out[0]
+    if loss_fn is not None:
+      return loss_fn(out)
     leaves = jax.tree_util.tree_leaves(out)
     return sum(jnp.mean(jnp.square(x.astype(jnp.float32)))
                for x in leaves if _compat.is_float(x))
   return loss
 
 
-def training_loss_with_arrays(fn: Callable[..., Any], model_kwargs: Mapping[str, Any]
+def training_loss_with_arrays(fn: Callable[..., Any], model_kwargs: Mapping[str, Any],
+                              loss_fn: LossFn | None = None
                               ) -> tuple[Callable[..., Any], list[Any]]:
   """``(loss(params, batch, arrays), arrays)``: ``training_loss`` with the array leaves
   of ``model_kwargs`` as its third argument, so that a compiled step takes them as
@@ -38,7 +46,7 @@ def training_loss_with_arrays(fn: Callable[..., Any], model_kwargs: Mapping[str,
   arrays, treedef, static = split_kwargs(dict(model_kwargs))
 
   def loss(params: Any, batch: Any, arrays: Any) -> jax.Array | int:
-    return training_loss(fn, merge_kwargs(arrays, treedef, static))(params, batch)
+    return training_loss(fn, merge_kwargs(arrays, treedef, static), loss_fn)(params, batch)
   return loss, arrays
 
 

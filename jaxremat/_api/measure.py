@@ -8,7 +8,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jaxremat._api.loss import batch_with_arrays, training_loss_with_arrays
+from jaxremat._api.loss import LossFn, batch_with_arrays, training_loss_with_arrays
 from jaxremat._backends.barriers import keeping_barriers
 from jaxremat._backends.measure import Footprint, check_scalar_loss, compile_footprint
 from jaxremat._backends.targets import Target, get_target, target_footprint
@@ -72,9 +72,9 @@ def measure(
 
 
 def step_bytes(fn: Callable[..., Any], model_kwargs: Mapping[str, Any], params: Any,
-               batch: Any, target: Target | None) -> int:
-  """XLA's footprint (bytes) of the training step (``training_loss``) of ``fn``, a model
-  function or a drop-in, called with ``model_kwargs`` (their array leaves are arguments
-  of the step), compiled for ``target`` (None: the local backend)."""
-  loss, arrays = training_loss_with_arrays(fn, model_kwargs)
+               batch: Any, target: Target | None, loss_fn: LossFn | None = None) -> int:
+  """XLA's footprint (bytes) of the training step (``training_loss`` with ``loss_fn``) of
+  ``fn``, a model function or a drop-in, called with ``model_kwargs`` (their array leaves
+  are arguments of the step), compiled for ``target`` (None: the local backend)."""
+  loss, arrays = training_loss_with_arrays(fn, model_kwargs, loss_fn)
   return measure(batch_with_arrays(loss), params, (batch, arrays), target=target).total_bytes

@@ -12,6 +12,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from jaxremat._api import checks
 from jaxremat._api.apply import apply
 from jaxremat._api.fit import Fitted, fit
 from jaxremat._api.result import Remat
@@ -81,7 +82,7 @@ def apply_nnx(
       ``nnx.Optimizer``): it counts as parameters (with gradients) in the byte
       figures; all other state (batch statistics, rng keys) is carried as traced
       arguments.
-    **kwargs: the options of ``jaxremat.apply`` (``method``, ``budget_bytes``,
+    **kwargs: the options of ``jaxremat.apply`` (``method``, ``budget_bytes``, ``loss_fn``,
       ``plan``, ``layer_depth``, ``refine``, ``verify``, ``calibrate``, ``profile``,
       ``scan_segment``), as there; every other keyword is passed to the model on every
       call (array leaves are traced).
@@ -121,8 +122,8 @@ def fit_nnx(
     memory_budget: as for ``fit``: a float in ``(0, 1]`` is a share of the activations,
       an int (or a float above 1) bytes.
     **kwargs: the options of ``jaxremat.fit`` (``layer_depth``, ``verify``, ``target``,
-      ``time_steps``), as there; every other keyword is passed to the model on every
-      call (array leaves are traced).
+      ``time_steps``, ``loss_fn``), as there; every other keyword is passed to the model
+      on every call (array leaves are traced).
 
   Raises:
     InvalidArgumentError: as for ``apply_nnx``; and the errors of ``jaxremat.fit``.
@@ -136,6 +137,10 @@ def _planned(entry: Any, option_names: frozenset[str], model: nnx.Module, batch:
   the result's ``fn`` takes the model."""
   _check_module(model)
   options = {k: kwargs.pop(k) for k in option_names & kwargs.keys()}
+  checks.check_loss_fn(options.get("loss_fn"))
+  if options.get("loss_fn") is not None:  # of the model's output, not of the state with it
+    user_loss = options["loss_fn"]
+    options["loss_fn"] = lambda out_and_state: user_loss(out_and_state[0])
   _check_no_nnx_objects(batch, kwargs)
   # flax types split(node, first, second) as a variadic tuple
   graphdef, params, rest = nnx.split(model, wrt, ...)  # type: ignore[misc]
