@@ -107,13 +107,16 @@ class Fitted:
                  f"{self.predicted_seconds * 1e3:.3f} ms per step by the roofline (XLA's FLOPs "
                  "and bytes at the device's peak rates: a ranking, not a step time)")
     if self.measured_total_bytes is not None:
-      lines.append(f"XLA-measured footprint {fmt_bytes(self.measured_total_bytes)} "
-                   f"({len(self.compiled)} plan(s) compiled)")
+      lines.append(f"XLA-measured footprint {fmt_bytes(self.measured_total_bytes)}, within "
+                   f"the budget ({len(self.compiled)} plan(s) compiled)")
+    else:
+      lines.append("not compiled (verify=False): the footprint is the prediction's")
     for k, (what, total, seconds) in enumerate(self.timed):
       lines.append(f"{'returned' if k == 0 else 'timed':<9}{what:<34}{fmt_bytes(total):>12}"
                    f"{seconds * 1e3:>10.2f} ms per step (measured)")
-    lines.append("frontier (predicted footprint: roofline ms): " + ", ".join(
-        f"{fmt_bytes(b)}: {s * 1e3:.3f}" for b, s in self.frontier))
+    points = [f"{fmt_bytes(b)}: {s * 1e3:.3f}" for b, s in self.frontier]
+    lines.append("frontier (predicted footprint: roofline ms):")
+    lines += ["  " + ", ".join(points[k:k + 6]) for k in range(0, len(points), 6)]
     return "\n".join(lines)
 
   def plot_frontier(self, path: str) -> None:

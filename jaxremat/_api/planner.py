@@ -177,7 +177,8 @@ class ChainPlanner:
     rows: list[tuple[str, ...]] = [
         ("#", "layer", "output", "residuals", "of which input", "plan", "GFLOP")]
     for i in range(1, chain.n + 1):
-      status = "kept" if i in kept else ("recomputed" if i <= last else "saved")
+      # a kept layer's output is held; the layer runs again with its segment
+      status = "output kept" if i in kept else ("recomputed" if i <= last else "saved")
       rows.append((str(i), chain.names[i - 1], fmt_bytes(chain.act_bytes[i]),
                    fmt_bytes(chain.res_bytes[i - 1]), fmt_bytes(chain.input_res_bytes[i - 1]),
                    status, f"{chain.flops[i - 1] / 1e9:.3f}"))
