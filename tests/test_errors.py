@@ -147,6 +147,20 @@ def other_layers_on_bigger_batch():
   r.fn(params, jnp.ones((3, 4)))
 
 
+class DropoutWhenTraining(nn.Module):
+  @nn.compact
+  def __call__(self, x, train=False):
+    x = nn.Dropout(0.5, deterministic=not train)(nn.relu(nn.Dense(8)(x)))
+    return nn.Dense(4)(nn.relu(nn.Dense(8)(x)))
+
+
+def planned_for_evaluation_called_for_training():
+  model = DropoutWhenTraining()
+  params = model.init(jax.random.key(0), X)
+  r = jaxremat.apply(model.apply, params, X)
+  r.fn(params, X, train=True, rngs={"dropout": jax.random.key(1)})
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
   id: str
@@ -305,6 +319,10 @@ CASES = [
          r"shape \(5, 8\) \(expected \(4, 8\)\).*Plan again"),
     Case("drop-in-other-layers", other_layers_on_bigger_batch,
          jaxremat.InputMismatchError, r"with these inputs the model has layers .*call jaxremat.apply again"),
+    Case("drop-in-other-keyword-arguments", planned_for_evaluation_called_for_training,
+         jaxremat.InputMismatchError,
+         r"made with no keyword arguments, this call has rngs=\{'dropout': <array>\}, "
+         r"train=True; plan with those of the training step"),
     # Reports.
     Case("plot-unknown-method", lambda: mlp()[2].plot("unused.png", compare=("fast",)),
          jaxremat.UnknownMethodError, "unknown method 'fast'"),

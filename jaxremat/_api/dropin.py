@@ -41,6 +41,22 @@ def _avals(key: tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]) -> str:
   return "[" + ", ".join(f"{shape} {dtype}" for shape, dtype in key[1]) + "]"
 
 
+class _Array:
+  def __repr__(self) -> str:
+    return "<array>"
+
+
+def _kwargs_text(kwargs_key: InputKey) -> str:
+  """The keyword arguments of an ``input_key`` (from its third entry), arrays as
+  ``<array>``: ``train=True, rngs={'dropout': <array>}``."""
+  _, kw_tree, static = kwargs_key
+  try:
+    kwargs = jax.tree_util.tree_unflatten(kw_tree, [_Array() if s is None else s for s in static])
+  except (TypeError, ValueError):  # unhashable statics are kept by id only
+    return "other keyword arguments"
+  return ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no keyword arguments"
+
+
 def _same_layers(names: tuple[str, ...], planned: tuple[str, ...]) -> bool:
   """The same layers, one for one: modules by name; work outside any module, named by its
   primitives (``(reduce_sum,div)``), by place (a cast adds a primitive to its name)."""
@@ -64,7 +80,7 @@ class DropIn:
     self._plan = plan
     self._layer_depth = layer_depth
     self._names = tuple(layer.name for layer in traced.layers)
-    self._params_key, self._batch_key = key[0], key[1]
+    self._params_key, self._batch_key, self._kwargs_key = key[0], key[1], key[2:]
     self._cache = {key: (traced, emit(traced, plan))}
 
   @property
@@ -101,11 +117,16 @@ class DropIn:
         raise
       names = tuple(layer.name for layer in traced.layers)
       if not _same_layers(names, self._names):
+        planned = self._kwargs_key
+        kwargs_differ = (f" The keyword arguments differ: the plan was made with "
+                         f"{_kwargs_text(planned)}, this call has {_kwargs_text(key[2:])}; "
+                         "plan with those of the training step (train=, rngs=, mutable=)."
+                         if key[2:] != planned else "")
         raise InputMismatchError(
             f"with these inputs the model has layers {list(names)}, but the plan was made "
             f"for {list(self._names)}; call jaxremat.apply again with these inputs, or, to "
             "evaluate without gradients (train=False), call the model itself: r.fn is for "
-            "the training step.")
+            "the training step." + kwargs_differ)
       self._cache[key] = (traced, emit(traced, self._plan))
     traced, run = self._cache[key]
     arrays, _, _ = split_kwargs(kwargs)
