@@ -187,6 +187,11 @@ CASES = [
     Case("model-is-an-nnx-module",
          lambda: jaxremat.apply(nnx.Linear(4, 8, rngs=nnx.Rngs(0)), {}, X),
          jaxremat.InvalidArgumentError, r"model_fn is an nnx module \(Linear\).*apply_nnx"),
+    Case("nnx-module-and-batch-alone",  # as apply_nnx takes them: one argument short
+         lambda: jaxremat.fit(nnx.Linear(4, 8, rngs=nnx.Rngs(0)), X, 0.5),
+         jaxremat.InvalidArgumentError, r"model_fn is an nnx module \(Linear\).*fit_nnx"),
+    Case("apply-without-batch", lambda: jaxremat.apply(mlp()[0].apply, mlp()[1]),
+         jaxremat.InvalidArgumentError, r"apply\(model_fn, params, batch\) was called without batch"),
     Case("plan-not-a-plan", lambda: apply_mlp(plan=(1, 2)),
          jaxremat.InvalidArgumentError, r"plan must be a jaxremat.Plan, got tuple"),
     Case("layer-depth-negative", lambda: apply_mlp(layer_depth=-1),

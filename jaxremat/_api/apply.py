@@ -27,7 +27,7 @@ from jaxremat._model.chain import Plan
 def apply(
     model_fn: Callable[..., Any],
     params: Any,
-    batch: Any,
+    batch: Any = checks.REQUIRED,
     *,
     method: str = "optimal",
     budget_bytes: int | float | None = None,
@@ -129,6 +129,7 @@ def apply(
     the table in docs/errors.md lists each case.
   """
   checks.check_model_fn(model_fn)
+  checks.check_given("apply(model_fn, params, batch)", batch=batch)
   checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)

@@ -36,6 +36,28 @@ def check_loss_output(model_fn: Callable[..., Any], params: Any, batch: Any,
   check_scalar_loss(jax.eval_shape(loss, params, batch, arrays))
 
 
+class _Required:
+  """The default of a positional argument that must be given: a call without it gets
+  the model check first (an nnx module passed as ``model_fn`` leaves one argument
+  short), then a ``check_given`` error, not Python's bare ``TypeError``."""
+
+  def __repr__(self) -> str:
+    return "<required>"
+
+
+REQUIRED: Any = _Required()
+
+
+def check_given(entry: str, **arguments: Any) -> None:
+  """Rejects a call of ``entry`` (e.g. ``"apply(model_fn, params, batch)"``) that left
+  one of ``arguments`` at ``REQUIRED``."""
+  missing = [name for name, value in arguments.items() if value is REQUIRED]
+  if missing:
+    raise InvalidArgumentError(
+        f"{entry} was called without {', '.join(missing)}: pass every one of its "
+        "positional arguments.")
+
+
 def check_model_fn(model_fn: Callable[..., Any], nnx_entry: str = "apply_nnx(model, batch)"
                    ) -> None:
   if isinstance(model_fn, nnx.Module):

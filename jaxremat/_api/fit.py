@@ -130,8 +130,8 @@ class Fitted:
 def fit(
     model_fn: Callable[..., Any],
     params: Any,
-    batch: Any,
-    memory_budget: float | int,
+    batch: Any = checks.REQUIRED,
+    memory_budget: float | int = checks.REQUIRED,
     *,
     layer_depth: int | None = None,
     verify: bool = True,
@@ -187,6 +187,8 @@ def fit(
     NotAChainError: the layers are not a chain (a graph: use ``apply``).
   """
   checks.check_model_fn(model_fn, "fit_nnx(model, batch, memory_budget)")
+  checks.check_given("fit(model_fn, params, batch, memory_budget)", batch=batch,
+                     memory_budget=memory_budget)
   checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
