@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
+from flax import nnx
 import jax
 import numpy as np
 
@@ -116,9 +117,20 @@ def load_model(spec: str) -> Any:
     if not hasattr(target, part):
       raise SystemExit(f"jaxremat plan: {module_name!r} has no attribute {attr!r}.")
     target = getattr(target, part)
+  nnx_hint = ("jaxremat plan takes flax.linen modules; plan a flax.nnx module in Python "
+              "with jaxremat.apply_nnx(model, batch)")
   if isinstance(target, nn.Module):
     return target
-  model = target()
+  if isinstance(target, nnx.Module) or (isinstance(target, type) and issubclass(target, nnx.Module)):
+    raise SystemExit(f"jaxremat plan: {spec} is a flax.nnx module: {nnx_hint}.")
+  try:
+    model = target()
+  except TypeError as err:  # a class or function that needs arguments
+    raise SystemExit(f"jaxremat plan: calling {spec}() failed ({err}): give the module "
+                     "itself, or a function of no arguments that returns it.") from None
+  if isinstance(model, nnx.Module):
+    raise SystemExit(f"jaxremat plan: {spec} gave a flax.nnx module ({type(model).__name__}): "
+                     f"{nnx_hint}.")
   if not isinstance(model, nn.Module):
     raise SystemExit(f"jaxremat plan: {spec} gave a {type(model).__name__}, not a flax.linen Module")
   return model

@@ -113,6 +113,26 @@ def test_plan_says_what_is_wrong_with_the_module_or_kwargs(capsys):
   assert "--model-kwargs is not JSON" in capsys.readouterr().err
 
 
+def test_plan_points_an_nnx_module_to_apply_nnx(tmp_path, monkeypatch):
+  (tmp_path / "nnx_net.py").write_text(
+      "from flax import nnx\n"
+      "class Net(nnx.Module):\n"
+      "  def __init__(self, *, rngs):\n"
+      "    self.dense = nnx.Linear(4, 4, rngs=rngs)\n"
+      "  def __call__(self, x):\n"
+      "    return self.dense(x)\n"
+      "def make():\n"
+      "  return Net(rngs=nnx.Rngs(0))\n"
+      "def sized(width):\n"
+      "  return None\n")
+  monkeypatch.chdir(tmp_path)
+  for spec in ("nnx_net:make", "nnx_net:Net"):  # what it returns; the class itself
+    with pytest.raises(SystemExit, match=r"flax\.nnx module.*jaxremat\.apply_nnx"):
+      cli.main(["plan", spec, "--batch-shape", "2,4"])
+  with pytest.raises(SystemExit, match=r"calling nnx_net:sized\(\) failed.*'width'"):
+    cli.load_model("nnx_net:sized")
+
+
 def test_plan_warnings_name_the_commands_flags(tmp_path, monkeypatch, capsys):
   """apply's advice (layer_depth=) reaches a CLI user as the flag (--layer-depth)."""
   (tmp_path / "wrapped_net.py").write_text(

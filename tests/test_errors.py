@@ -212,6 +212,10 @@ CASES = [
          jaxremat.InvalidArgumentError, r"threads_per_warp.*get_target\('h100'\)"),
     Case("apply-loss-fn-not-callable", lambda: apply_mlp(loss_fn="cross_entropy"),
          jaxremat.InvalidArgumentError, r"loss_fn must be a function of the model's output.*got str"),
+    Case("apply-loss-fn-of-two-arguments", lambda: apply_mlp(loss_fn=lambda logits, labels: 0.0),
+         jaxremat.InvalidArgumentError,
+         r"called with the model's output alone, but \(logits, labels\) does not take one "
+         r"argument; close over the labels"),
     Case("apply-loss-fn-not-scalar",
          lambda: apply_mlp(loss_fn=lambda out: out * 2, verify=False),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),

@@ -94,6 +94,7 @@ def test_after_a_miss_the_second_opinion_is_compiled_first_though_predicted_far_
   chosen, _ = confirm_plan(planner, Plan((3,)), measured_bytes)
   assert compiled == [(3,), (2, 4, 6, 8), (2, 4, 7), (2, 4, 6, 8, 10)]
   assert chosen.checkpoints == (2, 4, 6, 8)
+  assert chosen.method.endswith("+confirmed")  # the confirm's choice, hit or miss
 
 
 class _TiedPlanner(_Planner):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -19,11 +20,25 @@ from jaxremat.solvers._budget import budget_as_int
 
 
 def check_loss_fn(loss_fn: Any) -> None:
-  if loss_fn is not None and not callable(loss_fn):
+  """Rejects a ``loss_fn`` that is not a function of one argument (the model's output)."""
+  if loss_fn is None:
+    return
+  example = ("e.g. lambda logits: optax.softmax_cross_entropy_with_integer_labels(logits, "
+             "labels).mean()")
+  if not callable(loss_fn):
     raise InvalidArgumentError(
         f"loss_fn must be a function of the model's output returning a float scalar "
-        f"(e.g. lambda logits: optax.softmax_cross_entropy_with_integer_labels(logits, "
-        f"labels).mean()), got {type(loss_fn).__name__}.")
+        f"({example}), got {type(loss_fn).__name__}.")
+  try:
+    signature = inspect.signature(loss_fn)
+  except (TypeError, ValueError):  # a builtin without one: its call will tell
+    return
+  try:
+    signature.bind(None)
+  except TypeError:
+    raise InvalidArgumentError(
+        f"loss_fn is called with the model's output alone, but {signature} does not take "
+        f"one argument; close over the labels ({example}).") from None
 
 
 def check_loss_output(model_fn: Callable[..., Any], params: Any, batch: Any,

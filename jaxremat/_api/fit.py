@@ -303,7 +303,9 @@ def fit(
   if chosen is None:
     if not compiled:
       raise _infeasible(budget, fixed + round(scale * search.least), "predicted", traced)
-    raise _infeasible(budget, min(compiled), "XLA-measured, of the plans compiled", traced)
+    raise _infeasible(budget, min(compiled), f"XLA-measured, the least of the {len(compiled)} "
+                      "plans fit compiled; jaxremat.apply(..., verify=True), which looks for "
+                      "the least footprint, may reach less", traced)
   timings: list[tuple[str, int, float]] = []
   if timed:
     assert footprint is not None

@@ -96,20 +96,23 @@ def confirm_plan(planner: Planner, plan: Plan,
     return _least(planner, plan, found, "confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
                      known={plan.checkpoints: measured}, spread=True,
-                     prune_above=PRUNE_ABOVE + miss, first=planner.second_opinion())
+                     prune_above=PRUNE_ABOVE + miss, first=planner.second_opinion(),
+                     how="confirmed")
 
 
 def verify_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], int],
                 limit: int = MAX_COMPILES, known: Measured | None = None,
                 spread: bool = False, prune_above: float = PRUNE_ABOVE,
-                first: tuple[Plan, ...] = ()) -> tuple[Plan, Measured]:
+                first: tuple[Plan, ...] = (), how: str = "verified"
+                ) -> tuple[Plan, Measured]:
   """Compiles ``shortlist(planner, plan, limit, spread, prune_above, first)`` (less what
-  ``known`` holds) and keeps the plan XLA measures smallest."""
+  ``known`` holds) and keeps the plan XLA measures smallest (its method marked ``how``
+  when it is another plan)."""
   measured = dict(known or {})
   for p in shortlist(planner, plan, limit, spread, prune_above, first):
     if p.checkpoints not in measured:
       measured[p.checkpoints] = measured_bytes(p)
-  return _least(planner, plan, measured, "verified"), measured
+  return _least(planner, plan, measured, how), measured
 
 
 def _least(planner: Planner, plan: Plan, measured: Measured, how: str) -> Plan:
