@@ -282,3 +282,22 @@ def test_default_apply_measures_the_segment_lengths_beside_the_estimates():
   r = jaxremat.apply(model.apply, params, x)
   assert [s.segment for s in r.scans] == [1]
   assert _measured(r.fn, params, x) == segmented < plain
+
+
+def test_a_stack_of_rematerialised_blocks_is_named_by_its_module():
+  # nn.remat(Block) inside nn.scan: the scan body is one checkpoint without a name stack
+  # (a user's trial saw the layer named "(random_clone,random_split,scan)").
+  from scan_models import _Block
+
+  class RematStack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      stack = nn.scan(nn.remat(_Block), variable_axes={"params": 0},
+                      split_rngs={"params": True}, length=3)
+      x, _ = stack(16, name="layers")(nn.Dense(8)(x), None)
+      return nn.Dense(2)(x)
+
+  model, x = RematStack(), jnp.ones((4, 6))
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x, verify=False)
+  assert [s.name for s in r.scans] == ["layers"]

@@ -244,11 +244,22 @@ def _scanned_module(eqns: Sequence[Any]) -> str | None:
   name stacks start at ``layers``), when its body runs one; else None."""
   for eqn in eqns:
     if eqn.primitive.name == "scan":
-      firsts = {stack[0] for e in eqn.params["jaxpr"].jaxpr.eqns
-                if (stack := _compat.name_stack(e))}
+      firsts = _first_names(eqn.params["jaxpr"].jaxpr.eqns)
       if len(firsts) == 1:
         return firsts.pop()
   return None
+
+
+def _first_names(eqns: Sequence[Any]) -> set[str]:
+  """The first name-stack components of ``eqns``, looking inside an equation without a
+  name stack that holds a jaxpr (``nn.remat(Block)`` in the scan: one checkpoint)."""
+  firsts = set()
+  for e in eqns:
+    if stack := _compat.name_stack(e):
+      firsts.add(stack[0])
+    elif (inner := e.params.get("jaxpr")) is not None:
+      firsts |= _first_names(getattr(inner, "jaxpr", inner).eqns)
+  return firsts
 
 
 def _eqn_label(eqn: Any) -> str:
