@@ -92,10 +92,10 @@ def apply(
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) run as an outer scan over segments of ``k`` iterations, each under
       ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) XLA
-      measures smallest, of every divisor with ``verify=True``, by default of the
-      estimate's choice and the divisors beside it (two or three compiles a stack), with
-      ``verify=False`` the estimate's choice; an int: that ``k`` for every stack; ``None``: scans are left as
-      they are (one opaque layer).
+      measures smallest, of every divisor with ``verify=True``; by default, for the
+      plan ``apply`` chooses, of the estimate's choice and the divisors beside it (two
+      or three compiles a stack); else the estimate's choice. An int: that ``k`` for
+      every stack; ``None``: scans are left as they are (one opaque layer).
     target: plan for this GPU instead of the local backend, from any machine (no GPU
       needed): ``"h100"``, ``"h200"``, ``"a100"``, a target-config text or file, or a
       ``Target``.
@@ -105,7 +105,7 @@ def apply(
       ``jax.ShapeDtypeStruct``s; nothing is allocated.
     loss_fn: the training loss of the model's output, ``loss_fn(output) -> float
       scalar`` (with ``mutable=``, of the prediction alone), in every step compiled here
-      (its prediction, confirm, verify, budget), e.g. ``lambda logits:
+      (the compiled profile, the confirm, verify, budgets), e.g. ``lambda logits:
       optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()``: a
       cross-entropy's softmax is activation memory too. Default: the sum of the mean
       squares of the float outputs. Labels it closes over are constants of the compiled

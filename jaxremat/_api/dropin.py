@@ -160,8 +160,9 @@ def _structure_difference(tree: Any, want: Any) -> str:
     return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(t)[0]]
 
   got, expected = paths(tree), paths(jax.tree_util.tree_unflatten(want, [0] * want.num_leaves))
-  missing = [p for p in expected if p not in set(got)]
-  extra = [p for p in got if p not in set(expected)]
+  have, known = set(got), set(expected)
+  missing = [p for p in expected if p not in have]
+  extra = [p for p in got if p not in known]
   parts = [f"{len(found)} leaves {what}, e.g. " + ", ".join(f"params{p}" for p in found[:3])
            for what, found in (("missing", missing), ("not in the plan", extra)) if found]
   return "; ".join(parts) or f"{tree!r:.200}"
