@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
-from flax import nnx
 import jax
 import numpy as np
+from flax import nnx
 
 import jaxremat
 from jaxremat import _bench, zoo
@@ -121,7 +121,8 @@ def load_model(spec: str) -> Any:
               "with jaxremat.apply_nnx(model, batch)")
   if isinstance(target, nn.Module):
     return target
-  if isinstance(target, nnx.Module) or (isinstance(target, type) and issubclass(target, nnx.Module)):
+  if isinstance(target, nnx.Module) or (isinstance(target, type)
+                                        and issubclass(target, nnx.Module)):
     raise SystemExit(f"jaxremat plan: {spec} is a flax.nnx module: {nnx_hint}.")
   try:
     model = target()

@@ -108,8 +108,10 @@ def apply(
       (the compiled profile, the confirm, verify, budgets), e.g. ``lambda logits:
       optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()``: a
       cross-entropy's softmax is activation memory too. Default: the sum of the mean
-      squares of the float outputs. Labels it closes over are constants of the compiled
-      step (for a ``target``, build them in the function, e.g. ``jnp.zeros``).
+      squares of the float outputs. With ``verify=False`` and the jaxpr profile nothing is
+      compiled and it is only checked. Labels it closes over are constants of the
+      compiled step (with abstract inputs and no labels at hand, build them in the
+      function, e.g. ``jnp.zeros``).
     **model_kwargs: the keyword arguments of a training call of ``model_fn`` (``rngs=``,
       ``mutable=``, ``train=``), with which it is traced and compiled here; array leaves
       are traced, the rest is static. ``fn`` takes them on every call, as ``model_fn``

@@ -41,6 +41,11 @@ def _avals(key: tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]) -> str:
   return "[" + ", ".join(f"{shape} {dtype}" for shape, dtype in key[1]) + "]"
 
 
+#: Keyword arguments jaxremat passes itself (apply_nnx's graph and state), left out of
+#: what messages show.
+PRIVATE_KWARGS = "_jaxremat_"
+
+
 class _Array:
   def __repr__(self) -> str:
     return "<array>"
@@ -52,9 +57,11 @@ def _kwargs_text(kwargs_key: InputKey) -> str:
   _, kw_tree, static = kwargs_key
   try:
     kwargs = jax.tree_util.tree_unflatten(kw_tree, [_Array() if s is None else s for s in static])
-  except (TypeError, ValueError):  # unhashable statics are kept by id only
+  except (TypeError, ValueError):
     return "other keyword arguments"
-  return ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no keyword arguments"
+  shown = [f"{k}={v!r:.80}" for k, v in kwargs.items()
+           if not k.startswith(PRIVATE_KWARGS)]  # apply_nnx's model state: not the user's
+  return ", ".join(shown) or "no keyword arguments"
 
 
 def _same_layers(names: tuple[str, ...], planned: tuple[str, ...]) -> bool:
@@ -118,10 +125,10 @@ class DropIn:
       names = tuple(layer.name for layer in traced.layers)
       if not _same_layers(names, self._names):
         planned = self._kwargs_key
-        kwargs_differ = (f" The keyword arguments differ: the plan was made with "
-                         f"{_kwargs_text(planned)}, this call has {_kwargs_text(key[2:])}; "
-                         "plan with those of the training step (train=, rngs=, mutable=)."
-                         if key[2:] != planned else "")
+        was, now = _kwargs_text(planned), _kwargs_text(key[2:])
+        kwargs_differ = (f" The keyword arguments differ: the plan was made with {was}, "
+                         f"this call has {now}; plan with those of the training step "
+                         "(train=, rngs=, mutable=)." if was != now else "")
         raise InputMismatchError(
             f"with these inputs the model has layers {list(names)}, but the plan was made "
             f"for {list(self._names)}; call jaxremat.apply again with these inputs, or, to "
@@ -163,9 +170,12 @@ def _structure_difference(tree: Any, want: Any) -> str:
   have, known = set(got), set(expected)
   missing = [p for p in expected if p not in have]
   extra = [p for p in got if p not in known]
-  parts = [f"{len(found)} leaves {what}, e.g. " + ", ".join(f"params{p}" for p in found[:3])
+  parts = [f"{len(found)} {'leaf' if len(found) == 1 else 'leaves'} {what}, e.g. "
+           + ", ".join(f"params{p}" for p in found[:3])
            for what, found in (("missing", missing), ("not in the plan", extra)) if found]
-  return "; ".join(parts) or f"{tree!r:.200}"
+  # the same leaves in other containers (a FrozenDict for a dict): the two structures
+  return "; ".join(parts) or (f"its structure is {jax.tree_util.tree_structure(tree)}, the "
+                              f"plan's {want}")
 
 
 def policy_drop_in(model_fn: Callable[..., Any], plan: Plan | PolicyPlan,

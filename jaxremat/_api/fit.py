@@ -157,7 +157,7 @@ def fit(
 
   Args:
     model_fn, params, batch, layer_depth, target, loss_fn, **model_kwargs: as for
-      ``apply``: the budget holds for the step of ``loss_fn``.
+      ``apply``: with ``verify``, the budget holds for the step of ``loss_fn``.
     memory_budget: the step's footprint allowed: a float in ``(0, 1]`` is a share of
       the activations (the footprint of the model as written less the fixed bytes; with
       ``verify=False`` and a scanned stack, of it segmented), on top of the fixed bytes;

@@ -255,10 +255,12 @@ def _first_names(eqns: Sequence[Any]) -> set[str]:
   name stack that holds a jaxpr (``nn.remat(Block)`` in the scan: one checkpoint)."""
   firsts = set()
   for e in eqns:
+    inner = e.params.get("jaxpr")
+    inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's, or a Jaxpr
     if stack := _compat.name_stack(e):
       firsts.add(stack[0])
-    elif (inner := e.params.get("jaxpr")) is not None:
-      firsts |= _first_names(getattr(inner, "jaxpr", inner).eqns)
+    elif hasattr(inner, "eqns"):
+      firsts |= _first_names(inner.eqns)
   return firsts
 
 
