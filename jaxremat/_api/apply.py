@@ -150,7 +150,7 @@ def apply(
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)
-  checks.check_loss_output(model_fn, params, batch, model_kwargs, loss_fn)
+  checks.check_loss_output(traced, model_kwargs, loss_fn)
   key = input_key(params, batch, model_kwargs)
 
   footprints: dict[tuple[Any, ...], int] = {}  # XLA's, by program: none compiled twice

@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 from flax import nnx
 
-from jaxremat._api.loss import training_loss_with_arrays
+from jaxremat._api.loss import training_output
 from jaxremat._backends.measure import check_scalar_loss
 from jaxremat._errors import InvalidArgumentError, InvalidBudgetError, UnsupportedModelError
 from jaxremat._jaxpr import compat as _compat
@@ -41,14 +41,15 @@ def check_loss_fn(loss_fn: Any) -> None:
         f"one argument; close over the labels ({example}).") from None
 
 
-def check_loss_output(model_fn: Callable[..., Any], params: Any, batch: Any,
-                      model_kwargs: dict[str, Any], loss_fn: Any) -> None:
-  """Rejects a ``loss_fn`` whose value on the model's output is not a float scalar, by
-  its shape alone (nothing compiled), before any step is compiled with it."""
+def check_loss_output(traced: TracedChain, model_kwargs: dict[str, Any], loss_fn: Any) -> None:
+  """Rejects a ``loss_fn`` whose value on the traced model's output is not a float
+  scalar, by the output's shapes alone (the model is not traced again, nothing compiled),
+  before any step is compiled with it."""
   if loss_fn is None:
     return
-  loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
-  check_scalar_loss(jax.eval_shape(loss, params, batch, arrays))
+  outputs = jax.tree_util.tree_unflatten(
+      traced.out_tree, [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in traced.outvars])
+  check_scalar_loss(jax.eval_shape(loss_fn, training_output(outputs, model_kwargs)))
 
 
 class _Required:

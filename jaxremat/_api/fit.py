@@ -203,7 +203,7 @@ def fit(
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)
-  checks.check_loss_output(model_fn, params, batch, model_kwargs, loss_fn)
+  checks.check_loss_output(traced, model_kwargs, loss_fn)
   if traced.is_graph:
     raise NotAChainError(f"{traced.not_a_chain} jaxremat.fit plans chains of layers; plan "
                          "this model with jaxremat.apply (budget_bytes=) instead.")
@@ -286,6 +286,7 @@ def fit(
         search.fitted(groups, budget - got, predicted(groups) - got)
       else:
         search.failed(groups, got - budget)
+    predicted_least = fixed + round(scale * search.least)  # once the DP found none, else fixed
     if fitting:
       chosen, footprint = fitting[-1]
     elif verify:  # before calling the budget infeasible, the plans a user would try
@@ -295,14 +296,14 @@ def fit(
         compiled.append(measured(as_plan(layers.groups_of(plan))))
         return compiled[-1]
 
-      least = min(compiled) if compiled else fixed + round(scale * search.least)
+      least = min(compiled) if compiled else predicted_least
       swept = sweep_uniform(planner, budget, least, measure_and_record,
                             lambda p: layers.groups_of(p) in search.tried)
       if swept is not None:
         chosen, footprint = layers.groups_of(swept[0]), swept[1]
   if chosen is None:
     if not compiled:
-      raise _infeasible(budget, fixed + round(scale * search.least), "predicted", traced)
+      raise _infeasible(budget, predicted_least, "predicted", traced)
     raise _infeasible(budget, min(compiled), f"XLA-measured, the least of the {len(compiled)} "
                       "plans fit compiled; jaxremat.apply(..., verify=True), which looks for "
                       "the least footprint, may reach less", traced)

@@ -25,15 +25,21 @@ def training_loss(fn: Callable[..., Any], model_kwargs: Mapping[str, Any],
   are state, not differentiated.
   """
   def loss(params: Any, batch: Any) -> jax.Array | int:  # 0 when no output is float
-    out = fn(params, batch, **model_kwargs)
-    if model_kwargs.get("mutable", False) and isinstance(out, tuple) and len(out) == 2:
-      out = out[0]
+    out = training_output(fn(params, batch, **model_kwargs), model_kwargs)
     if loss_fn is not None:
       return loss_fn(out)
     leaves = jax.tree_util.tree_leaves(out)
     return sum(jnp.mean(jnp.square(x.astype(jnp.float32)))
                for x in leaves if _compat.is_float(x))
   return loss
+
+
+def training_output(out: Any, model_kwargs: Mapping[str, Any]) -> Any:
+  """What a training loss reads of a model's output ``out``: with Flax's ``mutable=``,
+  the prediction of ``(prediction, updated collections)``; else ``out``."""
+  if model_kwargs.get("mutable", False) and isinstance(out, tuple) and len(out) == 2:
+    return out[0]
+  return out
 
 
 def training_loss_with_arrays(fn: Callable[..., Any], model_kwargs: Mapping[str, Any],

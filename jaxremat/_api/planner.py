@@ -139,7 +139,7 @@ class ChainPlanner:
   def best_uniform(self, count: int) -> list[Plan]:
     """The ``count`` checkpoint-every-k plans of least estimated footprint (beyond refine's
     ``MAX_LAYERS`` layers, of least model-R peak: n estimates would cost minutes)."""
-    plans = [uniform_plan(self.chain.n, k) for k in range(1, self.chain.n)]
+    plans = every_k_plans(self.chain.n)
     if self.chain.n > MAX_REFINE_LAYERS:
       return sorted(plans, key=self.peak_bytes)[:count]
     return sorted(plans, key=self.temp_bytes)[:count]
@@ -259,8 +259,7 @@ class GraphPlanner:
 
   def best_uniform(self, count: int) -> list[Plan]:
     """The ``count`` checkpoint-every-k plans of least model-G peak."""
-    plans = [uniform_plan(self.chain.n, k) for k in range(1, self.chain.n)]
-    return sorted(plans, key=self.peak_bytes)[:count]
+    return sorted(every_k_plans(self.chain.n), key=self.peak_bytes)[:count]
 
   def second_opinion(self) -> tuple[Plan, ...]:
     return ()  # one profile
@@ -332,6 +331,11 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
              + _sharding.tree_device_bytes(params, floats_only=True))
   return ChainPlanner(chain, prof.buffers, fixed, scans,
                       compiled(chain.act_bytes) if compiled else None)
+
+
+def every_k_plans(n: int) -> list[Plan]:
+  """The checkpoint-every-k plans of ``n`` layers that keep a checkpoint, k = 1..n-1."""
+  return [uniform_plan(n, k) for k in range(1, n)]
 
 
 def fmt_bytes(num_bytes: int) -> str:
