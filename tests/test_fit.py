@@ -123,6 +123,10 @@ def test_fit_times_the_fitting_plans_and_returns_the_fastest_measured():
   assert jaxremat.measure(loss, params, x).total_bytes == f.measured_total_bytes == f.timed[0][1]
   _assert_trees_close(jax.grad(training_loss(model.apply, {}))(params, x),
                       jax.grad(loss)(params, x), 1e-5)
+  # The frontier is the fastest predicted plan per footprint, the returned plan among
+  # those it is drawn from: at the returned plan's footprint it is at least as fast.
+  below = [s for b, s in f.frontier if b <= f.predicted_total_bytes]
+  assert below and min(below) <= f.predicted_seconds * (1 + 1e-9)
 
 
 def test_fit_time_steps_needs_arrays_on_the_local_backend():

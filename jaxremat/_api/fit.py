@@ -40,7 +40,7 @@ from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Chain, Plan
 from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, peak_bytes
-from jaxremat.solvers._policy import as_plan, policy_frontier
+from jaxremat.solvers._policy import as_plan, pareto, policy_frontier
 
 MAX_FIT_COMPILES = 6  # plans compiled to find the fastest predicted that fits (as verify)
 MAX_TIMED_ALTERNATIVES = 5  # plans compiled beside the chosen one to time them all
@@ -66,7 +66,8 @@ class Fitted:
     measured_total_bytes: XLA's footprint of the plan (bytes), None without ``verify``.
     compiled: XLA's footprint (bytes) of each plan compiled while fitting, in order.
     frontier: ``(predicted bytes, predicted seconds)`` of the fastest plan at each
-      budget from the least footprint to no remat (the memory-versus-time frontier).
+      budget from the least footprint to no remat (the memory-versus-time frontier),
+      of the DP's plans at budgets spread over that range and the plans fit examined.
     target: the GPU target planned for, or None for the local backend.
     timed: with ``time_steps``: ``(what, XLA bytes, step seconds)`` of each plan that
       fits and was timed on this machine, the returned one first; else empty.
@@ -308,6 +309,7 @@ def fit(
                       "plans fit compiled; jaxremat.apply(..., verify=True), which looks for "
                       "the least footprint, may reach less", traced)
   timings: list[tuple[str, int, float]] = []
+  examined = list(search.tried)
   if timed:
     assert footprint is not None
     candidates = [("least predicted recompute", chosen, footprint)]
@@ -325,6 +327,11 @@ def fit(
     order = sorted(range(len(candidates)), key=seconds.__getitem__)
     timings = [(candidates[k][0], candidates[k][2], seconds[k]) for k in order]
     _, chosen, footprint = candidates[order[0]]
+    examined += [g for _, g, _ in candidates]
+  # the plans examined join the sampled frontier where they beat it
+  frontier = tuple((b, s) for b, s, _ in pareto(
+      [(*point, None) for point in frontier]
+      + [(predicted(g), sum(c.seconds for c in g), None) for g in (*examined, chosen)]))
   plan = as_plan(chosen)
   return Fitted(
       fn=drop_in(plan), plan=plan, costs=chosen,

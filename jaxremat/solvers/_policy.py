@@ -16,7 +16,8 @@ the quantum is one byte and the DP is exact.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -157,11 +158,17 @@ def policy_frontier(costs: Sequence[GroupCost], n: int, final_bytes: int = 0,
     except InfeasibleBudgetError:
       continue
     found[peak_bytes(groups, final_bytes)] = (sum(c.seconds for c in groups), groups)
-  frontier: list[tuple[int, float, tuple[GroupCost, ...]]] = []
-  for peak, (seconds, groups) in sorted(found.items()):
-    if not frontier or seconds < frontier[-1][1]:
-      frontier.append((peak, seconds, groups))
-  return frontier
+  return pareto([(peak, seconds, groups) for peak, (seconds, groups) in found.items()])
+
+
+def pareto(points: Iterable[tuple[int, float, Any]]) -> list[tuple[int, float, Any]]:
+  """The points ``(bytes, seconds, ...)`` no other point beats on both, by increasing
+  bytes (of equal bytes, the fastest)."""
+  front: list[tuple[int, float, Any]] = []
+  for point in sorted(points, key=lambda p: (p[0], p[1])):
+    if not front or point[1] < front[-1][1]:
+      front.append(point)
+  return front
 
 
 def as_plan(groups: Sequence[GroupCost]) -> PolicyPlan:
