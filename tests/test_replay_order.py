@@ -1,5 +1,7 @@
 """The compiled profile's virtual schedule, on hand-made replays (no compile)."""
 
+import dataclasses
+
 from jaxremat._backends.replay import Replay, Value
 
 
@@ -29,3 +31,24 @@ def test_the_last_segment_keeps_the_plain_steps_order():
   r = _replay()
   assert r.live_bytes(()) == 1100
   assert r.total_bytes(()) == 7 + 1024 + 100  # the workspace placed first, the output above
+
+
+def test_a_value_that_ends_before_a_gradient_is_written_goes_into_its_buffer():
+  # A 1,000-byte gradient written at step 6 (layer 1's put-off weight gradient). The
+  # plain step's workspace (step 5) ends before it: XLA's buffer assigner puts it there.
+  # Under plan (2,) that gradient is written (with layer 1's backward) before layer 0's
+  # workspace: the workspace is temp again.
+  r = dataclasses.replace(_replay(), grads=((1000, 6),))
+  assert r.intervals(()) == [(0, 6, 100)]
+  assert r.total_bytes(()) == 7 + 100
+  assert r.total_bytes((2,)) == 7 + 1000
+
+
+def test_a_value_xla_put_in_an_output_buffer_stays_there_and_keeps_it_busy():
+  # XLA put the workspace (step 5) in the gradient's buffer. It costs no temp bytes, and
+  # the 100-byte output, live over step 5, cannot share that buffer.
+  plain = _replay()
+  r = dataclasses.replace(plain, values=(plain.values[0], Value(5, 5, 1000, True, None, 0)),
+                          grads=((1000, 6),))
+  assert r.intervals(()) == [(0, 6, 100)]
+  assert r.total_bytes(()) == 7 + 100

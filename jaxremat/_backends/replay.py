@@ -13,16 +13,20 @@ from the last its recompute (its layers' forward steps; none for the last segmen
 its backward (a recomputed segment's layer by layer, from the last). Each value lives
 where its steps fall (``Replay.intervals``). What XLA decided for the plain step stands:
 its temp values count, the values it placed in output buffers do not, and a value written
-over another (at its offset, from the step the other ends) shares its bytes. The plan's
-temp bytes are XLA's heap placement of those values (``heap``). The no-remat plan
+over another (at its offset, from the step the other ends) shares its bytes. A temp value
+that, reordered, ends before an output buffer's output is written may go into that
+buffer, as XLA's buffer assigner puts it there. The plan's temp bytes are XLA's heap
+placement of the rest (``heap``). The no-remat plan
 replays the plain step's footprint, to the byte on most models; what the replay cannot
 see is what XLA does only under remat (docs/memory-model.md).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import math
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,15 +42,17 @@ from jaxremat._jaxpr.trace import TracedChain
 
 @dataclasses.dataclass(frozen=True)
 class Value:
-  """A temp value of the plain step: schedule steps (both included), bytes, whether the
-  batch or a layer makes it (else: an iota or a constant, made once), and the last
-  forward step that reads it (None: none)."""
+  """A value of the plain step, in its temp allocation or put by XLA in an output buffer
+  before the output is written: schedule steps (both included), bytes, whether the
+  batch or a layer makes it (else: an iota or a constant, made once), the last forward
+  step that reads it (None: none), and the output buffer (index in ``Replay.grads``)."""
 
   first: int
   last: int
   size: int
   from_model: bool
   forward_read: int | None
+  output: int = -1  # -1: in the temp allocation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +60,8 @@ class Replay:
   """The plain step as XLA compiled it, to replay for plans.
 
   Attributes:
-    values: the temp values (``Value``).
+    values: the values of the temp allocation and those XLA put in an output buffer
+      before its output (``Value``).
     turn: the first backward step.
     forward_layer: per forward step, its layer (0-based).
     backward_layer: per step from the turn on, its layer (0-based).
@@ -64,6 +71,8 @@ class Replay:
       above the heap.
     alignment: the compiler's buffer alignment (bytes).
     plain_bytes: XLA's footprint of the plain step (bytes; 0 when not compiled).
+    grads: per output buffer (a parameter's gradient), its bytes and the step that
+      writes the output; before it, the buffer may hold other values.
   """
 
   values: tuple[Value, ...]
@@ -75,6 +84,7 @@ class Replay:
   tables: tuple[int, ...] = ()
   alignment: int = CPU_ALIGNMENT
   plain_bytes: int = 0
+  grads: tuple[tuple[int, int], ...] = ()
   _placed: dict[tuple[int, ...], int] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
 
@@ -104,9 +114,62 @@ class Replay:
       peak = max(peak, running)
     return peak
 
+  def _schedule(self, checkpoints: Sequence[int]
+                ) -> tuple[list[tuple[int, int]], dict[tuple[Any, ...], int]]:
+    """The plan's segments ``(l, r]`` and its virtual schedule: the position of each
+    forward step ``("F", t)``, recompute step ``("R", segment, t)`` and backward step
+    ``("B", t)``."""
+    n, turn = len(self.act_bytes) - 1, self.turn
+    bounds = [0, *checkpoints, n]
+    segments = list(zip(bounds[:-1], bounds[1:]))
+    last = len(segments) - 1
+    segment_of = {i: s for s, (l, r) in enumerate(segments) for i in range(l, r)}
+    pos: dict[tuple[Any, ...], int] = {("F", t): t for t in range(turn)}
+    for s in range(last, -1, -1):  # recompute, then backward
+      if s != last:
+        for t, layer in enumerate(self.forward_layer):
+          if segment_of[layer] == s:
+            pos["R", s, t] = len(pos)
+      steps = [(t, layer) for t, layer in enumerate(self.backward_layer, start=turn)
+               if segment_of[layer] == s]
+      if s != last:  # a recomputed layer's backward runs whole, its weight gradients too
+        steps.sort(key=lambda step: -step[1])
+      for t, _ in steps:
+        pos["B", t] = len(pos)
+    return segments, pos
+
   def intervals(self, checkpoints: Sequence[int]) -> list[tuple[int, int, int]]:
-    """The temp values of the plan with these checkpoints as ``(first, last, bytes)``
-    over its step (both included), replayed.
+    """The values of the plan's temp allocation as ``(first, last, bytes)`` over its
+    step (both included): the replayed values less those in an output buffer. A
+    value XLA put in one stays there; another goes into one before its output is
+    written where XLA's buffer assigner would put it: largest first (then by first
+    step), each into the smallest output buffer it fits that holds nothing else over
+    its steps."""
+    segments, pos = self._schedule(checkpoints)
+    found = self._pieces(segments, pos)
+    busy: list[list[tuple[float, float]]] = [
+        [(pos["F" if written < self.turn else "B", written], math.inf)]
+        for _, written in self.grads]
+    for a, b, _, output in found:
+      if output >= 0:
+        busy[output].append((a, b))
+    order = sorted(range(len(self.grads)), key=lambda g: self.grads[g][0])
+    sizes = [self.grads[g][0] for g in order]
+    temp = []
+    for a, b, size, _ in sorted((f for f in found if f[3] < 0),
+                                key=lambda f: (-f[2], f[0], f[1])):
+      host = next((g for g in order[bisect.bisect_left(sizes, size):]
+                   if all(b < c or d < a for c, d in busy[g])), None)
+      if host is None:
+        temp.append((a, b, size))
+      else:
+        busy[host].append((a, b))
+    return temp
+
+  def _pieces(self, segments: list[tuple[int, int]], pos: dict[tuple[Any, ...], int]
+              ) -> list[tuple[int, int, int, int]]:
+    """The values of the plan of these segments, over its virtual schedule ``pos``, as
+    ``(first, last, bytes, output buffer)`` (both steps included; buffer -1: none).
 
     A value made once (no layer and no batch value makes it: an iota, a constant) lives
     over its steps; a forward value read in the forward only, in the forward and again
@@ -118,34 +181,22 @@ class Replay:
     held that way: ``a_c`` bytes from layer ``c``'s forward to layer ``c + 1``'s
     backward.
     """
-    n, turn = len(self.act_bytes) - 1, self.turn
-    bounds = [0, *checkpoints, n]
-    segments = list(zip(bounds[:-1], bounds[1:]))
+    turn = self.turn
     last = len(segments) - 1
     segment_of = {i: s for s, (l, r) in enumerate(segments) for i in range(l, r)}
-    pos: dict[tuple[Any, ...], int] = {("F", t): t for t in range(turn)}
-    for s in range(last, -1, -1):  # the virtual schedule: recompute, then backward
-      if s != last:
-        for t, layer in enumerate(self.forward_layer):
-          if segment_of[layer] == s:
-            pos["R", s, t] = len(pos)
-      steps = [(t, layer) for t, layer in enumerate(self.backward_layer, start=turn)
-               if segment_of[layer] == s]
-      if s != last:  # a recomputed layer's backward runs whole, its weight gradients too
-        steps.sort(key=lambda step: -step[1])
-      for t, _ in steps:
-        pos["B", t] = len(pos)
-    found: list[tuple[int, int, int]] = []
+    found: list[tuple[int, int, int, int]] = []
     held: collections.Counter[int] = collections.Counter()
+    output = -1
 
     def add(a: int, b: int, size: int) -> None:
       if b >= a and size > 0:
-        found.append((a, b, size))
+        found.append((a, b, size, output))
 
     def at(t: int) -> int:
       return pos["F" if t < turn else "B", t]
 
     for v in self.values:
+      output = v.output
       if not v.from_model or v.first >= turn:  # over its steps, which may run reordered
         add(min(at(v.first), at(v.last)), max(at(v.first), at(v.last)), v.size)
         continue
@@ -169,6 +220,7 @@ class Replay:
           add(at(v.first), at(v.forward_read), v.size)
         start, end = pos["R", s, v.first], at(v.last)
         add(start if end >= start else at(v.first), end, v.size)
+    output = -1
     for s, (_, c) in enumerate(segments[:-1]):  # checkpoints no kept value holds
       made = max((t for t, layer in enumerate(self.forward_layer) if layer <= c - 1),
                  default=0)
@@ -244,15 +296,27 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
   step = {name: i for i, name in enumerate(schedule)}
   temp = [v for v in dump.values.values()
           if v.allocation == "temp" and v.first >= 0 and not v.is_tuple]
+  outputs: dict[int, list] = collections.defaultdict(list)
+  for v in dump.values.values():
+    if v.allocation == "output" and v.first >= 0 and not v.is_tuple:
+      outputs[v.index].append(v)
+  grads, output_of = [], {}
+  for found in outputs.values():  # the output, written last; the values it hosted before
+    out = max(found, key=lambda v: (v.last, v.first))
+    output_of.update({id(v): len(grads) for v in found if v is not out})
+    grads.append((found[0].allocation_size, out.first))
+    temp += [v for v in found if v is not out]
   tables = tuple(v.size for v in dump.values.values() if v.allocation == "temp" and v.is_tuple)
-  starts = {(v.first, v.offset) for v in temp}  # a value written over one that ends there
+  starts = {(v.index, v.first, v.offset) for v in temp}  # written over one that ends there
   values = tuple(
-      Value(v.first, v.last - 1 if (v.last, v.offset) in starts and v.last > v.first else v.last,
+      Value(v.first,
+            v.last - 1 if (v.index, v.last, v.offset) in starts and v.last > v.first else v.last,
             v.size, v.instr in data or v.first >= turn or paths.get(v.instr) is not None,
-            max((step[u] for u in v.uses if step.get(u, turn) < turn), default=None))
+            max((step[u] for u in v.uses if step.get(u, turn) < turn), default=None),
+            output_of.get(id(v), -1))
       for v in temp)
   return Replay(values, turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
-                fixed_bytes, tables, alignment)
+                fixed_bytes, tables, alignment, grads=tuple(grads))
 
 
 def _turn(schedule: Sequence[str], producers: dict[str, set[str]], backward: set[str],

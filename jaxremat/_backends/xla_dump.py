@@ -30,7 +30,7 @@ import re
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.trace import TracedChain
 
-_ALLOCATION = re.compile(r"^allocation \d+: size \d+(.*)$")
+_ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
 _VALUE = re.compile(r"^ value: <(\d+) (\S+?) @0> \(size=(\d+),offset=(\d+)\): (\S)")
 _HEADER = re.compile(r"^<(\d+) (\S+) @0>")
 _USE = re.compile(r"^  (\S+), operand")
@@ -49,6 +49,8 @@ class DumpValue:
   name: str  # "fusion.3{}" as in the live-range dump
   size: int
   allocation: str  # "temp", "output", "parameter", "other"
+  index: int = 0  # the allocation's number
+  allocation_size: int = 0  # the allocation's bytes
   offset: int = 0  # where in its allocation (bytes)
   is_tuple: bool = False  # a tuple's own value: its table of element pointers
   instr: str = ""
@@ -95,19 +97,20 @@ def _read_values(assignment: str, values_path: str
   """Values by id (allocation kind, bytes, defining instruction, uses); instruction name ->
   (op name, whether it is a leaf: parameter, constant, iota); the temp bytes."""
   values: dict[int, DumpValue] = {}
-  kind, temp = "other", 0
+  kind, temp, index, size = "other", 0, 0, 0
   with open(assignment) as f:
     for line in f:
       if allocation := _ALLOCATION.match(line):
-        tags = allocation.group(1)
+        index, size, tags = int(allocation.group(1)), int(allocation.group(2)), allocation.group(3)
         kind = ("temp" if "preallocated-temp" in tags else "parameter" if "parameter" in tags
                 else "output" if "live-out" in tags else "other")
         if kind == "temp":
-          temp = int(line.split("size ")[1].split(",")[0])
+          temp = size
       elif value := _VALUE.match(line):
         name = value.group(2) if value.group(2).endswith("}") else value.group(2) + "{}"
         values[int(value.group(1))] = DumpValue(
-            name, int(value.group(3)), kind, int(value.group(4)), value.group(5) == "(")
+            name, int(value.group(3)), kind, index, size, int(value.group(4)),
+            value.group(5) == "(")
   ops: dict[str, tuple[str, bool]] = {}
   current: DumpValue | None = None
   uses: list[str] = []
