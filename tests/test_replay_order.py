@@ -45,10 +45,12 @@ def test_a_value_that_ends_before_a_gradient_is_written_goes_into_its_buffer():
 
 
 def test_a_value_xla_put_in_an_output_buffer_stays_there_and_keeps_it_busy():
-  # XLA put the workspace (step 5) in the gradient's buffer. It costs no temp bytes, and
-  # the 100-byte output, live over step 5, cannot share that buffer.
-  plain = _replay()
-  r = dataclasses.replace(plain, values=(plain.values[0], Value(5, 5, 1000, True, None, 0)),
+  # XLA put the workspace (step 5) in the gradient's buffer: it costs no temp bytes. A
+  # 100-byte value read last at step 5 would fit there before step 6, but the workspace
+  # holds the buffer at step 5; alone, it goes in.
+  output = Value(0, 5, 100, True, 1)
+  r = dataclasses.replace(_replay(), values=(output, Value(5, 5, 1000, True, None, 0)),
                           grads=((1000, 6),))
-  assert r.intervals(()) == [(0, 6, 100)]
+  assert r.intervals(()) == [(0, 5, 100)]
   assert r.total_bytes(()) == 7 + 100
+  assert dataclasses.replace(r, values=(output,)).intervals(()) == []

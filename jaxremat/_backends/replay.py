@@ -16,9 +16,9 @@ its temp values count, the values it placed in output buffers do not, and a valu
 over another (at its offset, from the step the other ends) shares its bytes. A temp value
 that, reordered, ends before an output buffer's output is written may go into that
 buffer, as XLA's buffer assigner puts it there. The plan's temp bytes are XLA's heap
-placement of the rest (``heap``). The no-remat plan
-replays the plain step's footprint, to the byte on most models; what the replay cannot
-see is what XLA does only under remat (docs/memory-model.md).
+placement of the rest (``heap``). The no-remat plan replays the plain step's footprint,
+to the byte on most models; what the replay cannot see is what XLA does only under
+remat (docs/memory-model.md).
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class Replay:
     segment_of = {i: s for s, (l, r) in enumerate(segments) for i in range(l, r)}
     found: list[tuple[int, int, int, int]] = []
     held: collections.Counter[int] = collections.Counter()
-    output = -1
+    output = -1  # the output buffer of the value being replayed (-1: the temp allocation)
 
     def add(a: int, b: int, size: int) -> None:
       if b >= a and size > 0:
@@ -220,7 +220,7 @@ class Replay:
           add(at(v.first), at(v.forward_read), v.size)
         start, end = pos["R", s, v.first], at(v.last)
         add(start if end >= start else at(v.first), end, v.size)
-    output = -1
+    output = -1  # a checkpoint's buffer is XLA's choice under remat: temp
     for s, (_, c) in enumerate(segments[:-1]):  # checkpoints no kept value holds
       made = max((t for t, layer in enumerate(self.forward_layer) if layer <= c - 1),
                  default=0)
