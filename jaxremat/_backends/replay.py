@@ -186,7 +186,7 @@ class Replay:
     segment_of = {i: s for s, (l, r) in enumerate(segments) for i in range(l, r)}
     found: list[tuple[int, int, int, int]] = []
     held: collections.Counter[int] = collections.Counter()
-    output = -1  # the output buffer of the value being replayed (-1: the temp allocation)
+    output = -1  # the output buffer XLA put the value being replayed in (-1: none)
 
     def add(a: int, b: int, size: int) -> None:
       if b >= a and size > 0:
@@ -220,7 +220,7 @@ class Replay:
           add(at(v.first), at(v.forward_read), v.size)
         start, end = pos["R", s, v.first], at(v.last)
         add(start if end >= start else at(v.first), end, v.size)
-    output = -1  # a checkpoint's buffer is XLA's choice under remat: temp
+    output = -1  # a checkpoint: none in the plain step
     for s, (_, c) in enumerate(segments[:-1]):  # checkpoints no kept value holds
       made = max((t for t, layer in enumerate(self.forward_layer) if layer <= c - 1),
                  default=0)
