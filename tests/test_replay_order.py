@@ -54,3 +54,16 @@ def test_a_value_xla_put_in_an_output_buffer_stays_there_and_keeps_it_busy():
   assert r.intervals(()) == [(0, 5, 100)]
   assert r.total_bytes(()) == 7 + 100
   assert dataclasses.replace(r, values=(output,)).intervals(()) == []
+
+
+def test_a_value_the_batch_does_not_feed_is_made_where_a_recomputed_segment_reads_it():
+  # Random bits made at step 0 from the key, first read at step 1 (layer 1), and by layer
+  # 0's backward (step 5). In the plain step they live from step 0; in the recomputed
+  # segment of plan (2,) XLA makes them where they are first read.
+  bits = Value(0, 5, 500, True, 1, first_read=1)
+  r = dataclasses.replace(_replay(), values=(bits,))
+  plain = dataclasses.replace(r, values=(dataclasses.replace(bits, first_read=None),))
+  assert r.intervals(()) == plain.intervals(()) == [(0, 5, 500)]
+  # its forward piece, then its recompute's (steps of plan (2,): recompute at 4-5)
+  assert [(a, b) for a, b, size in r.intervals((2,)) if size == 500] == [(1, 1), (5, 8)]
+  assert [(a, b) for a, b, size in plain.intervals((2,)) if size == 500] == [(0, 1), (4, 8)]

@@ -53,6 +53,7 @@ class Value:
   from_model: bool
   forward_read: int | None
   output: int = -1  # -1: in the temp allocation
+  first_read: int | None = None  # of a layer's value the batch does not feed: its first reader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +172,10 @@ class Replay:
     """The values of the plan of these segments, over its virtual schedule ``pos``, as
     ``(first, last, bytes, output buffer)`` (both steps included; buffer -1: none).
 
+    A layer's value the batch does not feed (dropout's random bits, made from the key)
+    may be made early in the plain step, all blocks' at once; in a recomputed segment
+    XLA makes it when it is first read, and the replay starts it there.
+
     A value made once (no layer and no batch value makes it: an iota, a constant) lives
     over its steps; a forward value read in the forward only, in the forward and again
     in its segment's recompute while the segment reads it; a kept value of the last
@@ -201,25 +206,29 @@ class Replay:
         add(min(at(v.first), at(v.last)), max(at(v.first), at(v.last)), v.size)
         continue
       s = segment_of[self.forward_layer[v.first]]
+      first = v.first
+      if (v.first_read is not None and s != last and v.first_read < turn
+          and segment_of[self.forward_layer[v.first_read]] == s):
+        first = v.first_read  # made no earlier than a recomputed segment reads it
       if v.last < turn:  # read in the forward only
-        add(at(v.first), at(v.last), v.size)
-        again = [t for t in range(v.first, v.last + 1) if ("R", s, t) in pos]
+        add(at(first), at(v.last), v.size)
+        again = [t for t in range(first, v.last + 1) if ("R", s, t) in pos]
         if again:
-          add(pos["R", s, v.first], pos["R", s, max(again)], v.size)
+          add(pos["R", s, first], pos["R", s, max(again)], v.size)
         continue
       reader = segment_of[self.backward_layer[v.last - turn]]
       if s == last:
-        add(at(v.first), at(v.last), v.size)
+        add(at(first), at(v.last), v.size)
       elif reader > s:  # a later segment's backward reads it: that segment's input
-        if self.forward_layer[v.first] == segments[s][1] - 1:
+        if self.forward_layer[first] == segments[s][1] - 1:
           take = min(v.size, self.act_bytes[segments[s][1]] - held[s])
-          add(at(v.first), at(v.last), take)
+          add(at(first), at(v.last), take)
           held[s] += take
       else:
         if v.forward_read is not None:
-          add(at(v.first), at(v.forward_read), v.size)
-        start, end = pos["R", s, v.first], at(v.last)
-        add(start if end >= start else at(v.first), end, v.size)
+          add(at(first), at(v.forward_read), v.size)
+        start, end = pos["R", s, first], at(v.last)
+        add(start if end >= start else at(first), end, v.size)
     output = -1  # a checkpoint: none in the plain step
     for s, (_, c) in enumerate(segments[:-1]):  # checkpoints no kept value holds
       made = max((t for t, layer in enumerate(self.forward_layer) if layer <= c - 1),
@@ -313,7 +322,10 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
             v.last - 1 if (v.index, v.last, v.offset) in starts and v.last > v.first else v.last,
             v.size, v.instr in data or v.first >= turn or paths.get(v.instr) is not None,
             max((step[u] for u in v.uses if step.get(u, turn) < turn), default=None),
-            output_of.get(id(v), -1))
+            output_of.get(id(v), -1),
+            min((step[u] for u in v.uses if u in step), default=None)
+            if v.instr not in data and v.first < turn and paths.get(v.instr) is not None
+            else None)
       for v in temp)
   return Replay(values, turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
                 fixed_bytes, tables, alignment, grads=tuple(grads))
