@@ -57,13 +57,18 @@ def test_a_value_xla_put_in_an_output_buffer_stays_there_and_keeps_it_busy():
 
 
 def test_a_value_the_batch_does_not_feed_is_made_where_a_recomputed_segment_reads_it():
-  # Random bits made at step 0 from the key, first read at step 1 (layer 1), and by layer
-  # 0's backward (step 5). In the plain step they live from step 0; in the recomputed
-  # segment of plan (2,) XLA makes them where they are first read.
-  bits = Value(0, 5, 500, True, 1, first_read=1)
-  r = dataclasses.replace(_replay(), values=(bits,))
+  # Layer 0 runs forward steps 0-1, layers 1 and 2 steps 2 and 3; the backward runs
+  # layers 2, 1, 0 (steps 4-6). Random bits layer 0 makes at step 0 from the key, reads
+  # at step 1 and in its backward (step 6): in the plain step they live from step 0; in
+  # the recomputed segment of plan (2,) XLA makes them where layer 0 first reads them.
+  bits = Value(0, 6, 500, True, 1, first_read=1)
+  r = Replay(values=(bits,), turn=4, forward_layer=(0, 0, 1, 2), backward_layer=(2, 1, 0),
+             act_bytes=(0, 100, 10, 0), fixed_bytes=7)
   plain = dataclasses.replace(r, values=(dataclasses.replace(bits, first_read=None),))
-  assert r.intervals(()) == plain.intervals(()) == [(0, 5, 500)]
-  # its forward piece, then its recompute's (steps of plan (2,): recompute at 4-5)
-  assert [(a, b) for a, b, size in r.intervals((2,)) if size == 500] == [(1, 1), (5, 8)]
-  assert [(a, b) for a, b, size in plain.intervals((2,)) if size == 500] == [(0, 1), (4, 8)]
+  assert r.intervals(()) == plain.intervals(()) == [(0, 6, 500)]
+  # the forward piece, then the recompute's (plan (2,): layers 0-1 recomputed at 5-7)
+  assert [(a, b) for a, b, size in r.intervals((2,)) if size == 500] == [(1, 1), (6, 9)]
+  assert [(a, b) for a, b, size in plain.intervals((2,)) if size == 500] == [(0, 1), (5, 9)]
+  # a value made by another layer than the one that reads it (a weight's transpose) stays
+  other = dataclasses.replace(r, values=(Value(0, 6, 500, True, 2, first_read=2),))
+  assert [(a, b) for a, b, size in other.intervals((2,)) if size == 500][0][0] == 0

@@ -174,7 +174,9 @@ class Replay:
 
     A layer's value the batch does not feed (dropout's random bits, made from the key)
     may be made early in the plain step, all blocks' at once; in a recomputed segment
-    XLA makes it when it is first read, and the replay starts it there.
+    XLA makes it when the layer first reads it, and the replay starts it there (not a
+    value one layer makes for another: CPU VGGs keep a later layer's weight transposes
+    from early on under remat too).
 
     A value made once (no layer and no batch value makes it: an iota, a constant) lives
     over its steps; a forward value read in the forward only, in the forward and again
@@ -208,8 +210,8 @@ class Replay:
       s = segment_of[self.forward_layer[v.first]]
       first = v.first
       if (v.first_read is not None and s != last and v.first_read < turn
-          and segment_of[self.forward_layer[v.first_read]] == s):
-        first = v.first_read  # made no earlier than a recomputed segment reads it
+          and self.forward_layer[v.first_read] == self.forward_layer[v.first]):
+        first = v.first_read  # made where its recomputed layer first reads it
       if v.last < turn:  # read in the forward only
         add(at(first), at(v.last), v.size)
         again = [t for t in range(first, v.last + 1) if ("R", s, t) in pos]
