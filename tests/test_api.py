@@ -185,3 +185,17 @@ def test_a_given_plan_is_confirmed_by_one_compile():
   assert r.plan == plan and set(r.verified) == {plan.checkpoints}
   assert r.measured_total_bytes == jaxremat.measure(_loss(r.fn, {}), params, x).total_bytes
   assert jaxremat.apply(model.apply, params, x, plan=plan, verify=False).verified is None
+
+
+def test_an_error_the_model_raises_when_traced_says_how_model_fn_is_called():
+  # A user's two mistakes from a trial: the inner params dict, a (tokens, labels) tuple.
+  # The model's own exception is raised, with a note on how jaxremat called it.
+  model = zoo.mlp([16, 8])
+  x = jnp.ones((4, 12))
+  params = model.init(jax.random.PRNGKey(0), x)
+  for bad_params, batch in ((params["params"], x), (params, (x, jnp.zeros(4, jnp.int32)))):
+    with pytest.raises(Exception) as raised:
+      jaxremat.apply(model.apply, bad_params, batch)
+    note = "\n".join(getattr(raised.value, "__notes__", []))
+    assert "the whole variables dict ({'params': ...}" in note
+    assert "float32[4, 12]" in note

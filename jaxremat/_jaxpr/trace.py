@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -82,6 +82,21 @@ def merge_kwargs(arrays: Sequence[Any], treedef: Any, static: tuple[Any, ...]) -
   return jax.tree_util.tree_unflatten(treedef, [next(it) if s is None else s for s in static])
 
 
+def _model_raised_note(params: Any, batch: Any) -> str:
+  """What jaxremat called when the model raised: the params' top-level keys, the batch's
+  shapes and dtypes, and how ``model_fn`` is called."""
+  keys = list(params) if isinstance(params, Mapping) else type(params).__name__
+  shapes = str(jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape)}", batch))
+  if len(shapes) > 200:
+    shapes = shapes[:200] + "..."
+  return ("jaxremat: the model raised this when traced as model_fn(params, batch, "
+          f"**model_kwargs), params with top-level keys {keys}, batch {shapes}. model_fn "
+          "is called as flax's model.apply is: params is the whole variables dict "
+          "({'params': ...}, with 'batch_stats' where the model has them), batch the "
+          "model's one positional input (a tuple is passed whole); labels for the loss "
+          "go in loss_fn=, closed over.")
+
+
 def trace(
     model_fn: Callable[..., Any],
     params: Any,
@@ -117,8 +132,12 @@ def trace(
     shape = x.shape if isinstance(x, jax.ShapeDtypeStruct) else np.shape(x)
     return jax.ShapeDtypeStruct(shape, jax.numpy.result_type(x) if not hasattr(x, "dtype") else x.dtype)
 
-  closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(
-      *jax.tree_util.tree_map(spec, (params, batch, arrays)))
+  specs = jax.tree_util.tree_map(spec, (params, batch, arrays))
+  try:
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*specs)
+  except Exception as err:
+    err.add_note(_model_raised_note(params, specs[1]))
+    raise
   out_tree = jax.tree_util.tree_structure(out_shape)
   jaxpr, consts = _unwrap_calls(closed.jaxpr, list(closed.consts))
   input_vars = tuple(jaxpr.invars)
