@@ -82,13 +82,15 @@ def merge_kwargs(arrays: Sequence[Any], treedef: Any, static: tuple[Any, ...]) -
   return jax.tree_util.tree_unflatten(treedef, [next(it) if s is None else s for s in static])
 
 
-def _model_raised_note(params: Any, batch: Any) -> str:
+def _model_raised_note(params: Any, batch: Any, nnx: bool) -> str:
   """What jaxremat called when the model raised: the params' top-level keys, the batch's
-  shapes and dtypes, and how ``model_fn`` is called."""
+  shapes and dtypes, and how ``model_fn`` is called (an nnx module: ``model(batch)``)."""
   keys = list(params) if isinstance(params, Mapping) else type(params).__name__
   shapes = str(jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape)}", batch))
   if len(shapes) > 200:
     shapes = shapes[:200] + "..."
+  if nnx:
+    return f"jaxremat: the model raised this when traced as model(batch), batch {shapes}."
   return ("jaxremat: the model raised this when traced as model_fn(params, batch, "
           f"**model_kwargs), params with top-level keys {keys}, batch {shapes}. model_fn "
           "is called as flax's model.apply is: params is the whole variables dict "
@@ -136,7 +138,8 @@ def trace(
   try:
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*specs)
   except Exception as err:
-    err.add_note(_model_raised_note(params, specs[1]))
+    err.add_note(_model_raised_note(params, specs[1], nnx=any(
+        k.startswith("_jaxremat_nnx") for k in kwargs)))
     raise
   out_tree = jax.tree_util.tree_structure(out_shape)
   jaxpr, consts = _unwrap_calls(closed.jaxpr, list(closed.consts))
