@@ -127,6 +127,8 @@ def test_fit_times_the_fitting_plans_and_returns_the_fastest_measured():
   # those it is drawn from: at the returned plan's footprint it is at least as fast.
   below = [s for b, s in f.frontier if b <= f.predicted_total_bytes]
   assert below and min(below) <= f.predicted_seconds * (1 + 1e-9)
+  frontier = f.frontier  # and stays a frontier: less time for each byte more
+  assert all(b0 < b1 and s0 > s1 for (b0, s0), (b1, s1) in zip(frontier, frontier[1:]))
 
 
 def test_fit_time_steps_needs_arrays_on_the_local_backend():

@@ -48,12 +48,22 @@ def test_a_value_xla_put_in_an_output_buffer_stays_there_and_keeps_it_busy():
   # XLA put the workspace (step 5) in the gradient's buffer: it costs no temp bytes. A
   # 100-byte value read last at step 5 would fit there before step 6, but the workspace
   # holds the buffer at step 5; alone, it goes in.
-  output = Value(0, 5, 100, True, 1)
-  r = dataclasses.replace(_replay(), values=(output, Value(5, 5, 1000, True, None, 0)),
+  act = Value(0, 5, 100, True, 1)
+  r = dataclasses.replace(_replay(), values=(act, Value(5, 5, 1000, True, None, 0)),
                           grads=((1000, 6),))
   assert r.intervals(()) == [(0, 5, 100)]
   assert r.total_bytes(()) == 7 + 100
-  assert dataclasses.replace(r, values=(output,)).intervals(()) == []
+  assert dataclasses.replace(r, values=(act,)).intervals(()) == []
+
+
+def test_a_value_the_plan_moves_past_its_buffers_output_leaves_that_buffer():
+  # Under plan (2,) layer 1's put-off gradient (step 6) is written before layer 0's
+  # backward (step 5): the workspace XLA put in that buffer is temp again.
+  r = dataclasses.replace(_replay(), values=(Value(5, 5, 1000, True, None, 0),),
+                          grads=((1000, 6),))
+  assert r.intervals(()) == []
+  # (the 10-byte checkpoint x_2 goes into the gradient's buffer, free until step 6)
+  assert [size for _, _, size in r.intervals((2,))] == [1000]
 
 
 def test_a_value_the_batch_does_not_feed_is_made_where_a_recomputed_segment_reads_it():

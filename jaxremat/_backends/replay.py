@@ -12,10 +12,10 @@ A plan's step is the plain step's steps in another order: the forward, then per 
 from the last its recompute (its layers' forward steps; none for the last segment) and
 its backward (a recomputed segment's layer by layer, from the last). Each value lives
 where its steps fall (``Replay.intervals``). What XLA decided for the plain step stands:
-its temp values count, the values it placed in output buffers do not, and a value written
-over another (at its offset, from the step the other ends) shares its bytes. A temp value
-that, reordered, ends before an output buffer's output is written may go into that
-buffer, as XLA's buffer assigner puts it there. The plan's temp bytes are XLA's heap
+its temp values count, the values it placed in output buffers do not (while the buffer
+is free), and a value written over another (at its offset, from the step the other ends)
+shares its bytes. A temp value that, reordered, ends before an output buffer's output is
+written may go into that buffer, as XLA's buffer assigner puts it there. The plan's temp bytes are XLA's heap
 placement of the rest (``heap``). The no-remat plan replays the plain step's footprint,
 to the byte on most models; what the replay cannot see is what XLA does only under
 remat (docs/memory-model.md).
@@ -142,25 +142,32 @@ class Replay:
   def intervals(self, checkpoints: Sequence[int]) -> list[tuple[int, int, int]]:
     """The values of the plan's temp allocation as ``(first, last, bytes)`` over its
     step (both included): the replayed values less those in an output buffer. A
-    value XLA put in one stays there; another goes into one before its output is
-    written where XLA's buffer assigner would put it: largest first (then by first
-    step), each into the smallest output buffer it fits that holds nothing else over
-    its steps."""
+    value XLA put in one stays there while the buffer is free (its output not yet
+    written, no other value there); another, or one the plan moved past its buffer's
+    output, goes into one where XLA's buffer assigner would put it: largest first (then
+    by first step), each into the smallest output buffer it fits that holds nothing
+    else over its steps."""
     segments, pos = self._schedule(checkpoints)
     found = self._pieces(segments, pos)
     busy: list[list[tuple[float, float]]] = [
         [(pos["F" if written < self.turn else "B", written], math.inf)]
         for _, written in self.grads]
-    for a, b, _, output in found:
-      if output >= 0:
+
+    def free(g: int, a: int, b: int) -> bool:
+      return all(b < c or d < a for c, d in busy[g])
+
+    search = []
+    for a, b, size, output in found:
+      if output >= 0 and free(output, a, b):
         busy[output].append((a, b))
+      else:  # temp, or moved by the plan past its buffer's output
+        search.append((a, b, size))
     order = sorted(range(len(self.grads)), key=lambda g: self.grads[g][0])
     sizes = [self.grads[g][0] for g in order]
     temp = []
-    for a, b, size, _ in sorted((f for f in found if f[3] < 0),
-                                key=lambda f: (-f[2], f[0], f[1])):
-      host = next((g for g in order[bisect.bisect_left(sizes, size):]
-                   if all(b < c or d < a for c, d in busy[g])), None)
+    for a, b, size in sorted(search, key=lambda f: (-f[2], f[0], f[1])):
+      host = next((g for g in order[bisect.bisect_left(sizes, size):] if free(g, a, b)),
+                  None)
       if host is None:
         temp.append((a, b, size))
       else:
@@ -174,7 +181,8 @@ class Replay:
 
     A layer's value the batch does not feed (dropout's random bits, made from the key)
     may be made early in the plain step, all blocks' at once; in a recomputed segment
-    XLA makes it when the layer first reads it, and the replay starts it there (not a
+    XLA makes it when the layer first reads it, and the replay starts it there, in the
+    forward and in the recompute (not a
     value one layer makes for another: CPU VGGs keep a later layer's weight transposes
     from early on under remat too).
 
