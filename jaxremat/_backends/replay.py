@@ -12,9 +12,10 @@ A plan's step is the plain step's steps in another order: the forward, then per 
 from the last its recompute (its layers' forward steps; none for the last segment) and
 its backward (a recomputed segment's layer by layer, from the last). Each value lives
 where its steps fall (``Replay.intervals``). What XLA decided for the plain step stands:
-its temp values count, the values it placed in output buffers do not, and a value written over another (at its offset, from the step the other ends)
-shares its bytes. A temp value that, reordered, ends before an output buffer's output is
-written may go into that buffer, as XLA's buffer assigner puts it there. The plan's temp bytes are XLA's heap
+its temp values count, the values it placed in output buffers do not, and a value written
+over another (at its offset, from the step the other ends) shares its bytes. A temp value
+that, reordered, ends before an output buffer's output is written may go into that
+buffer, as XLA's buffer assigner puts it there. The plan's temp bytes are XLA's heap
 placement of the rest (``heap``). The no-remat plan replays the plain step's footprint,
 to the byte on most models; what the replay cannot see is what XLA does only under
 remat (docs/memory-model.md).
@@ -184,9 +185,8 @@ class Replay:
     A layer's value the batch does not feed (dropout's random bits, made from the key)
     may be made early in the plain step, all blocks' at once; in a recomputed segment
     XLA makes it when the layer first reads it, and the replay starts it there, in the
-    forward and in the recompute (not a
-    value one layer makes for another: CPU VGGs keep a later layer's weight transposes
-    from early on under remat too).
+    forward and in the recompute (not a value one layer makes for another: CPU VGGs
+    keep a later layer's weight transposes from early on under remat too).
 
     A value made once (no layer and no batch value makes it: an iota, a constant) lives
     over its steps; a forward value read in the forward only, in the forward and again
