@@ -321,7 +321,8 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
   for v in dump.values.values():
     if v.allocation == "output" and v.first >= 0 and not v.is_tuple:
       outputs[v.index].append(v)
-  grads, output_of = [], {}
+  grads: list[tuple[int, int]] = []
+  output_of: dict[int, int] = {}
   for found in outputs.values():  # the output, written last; the values it hosted before
     out = max(found, key=lambda v: (v.last, v.first))
     output_of.update({id(v): len(grads) for v in found if v is not out})
