@@ -13,7 +13,7 @@ from jaxremat._backends.policy_options import scan_policy
 from jaxremat._errors import InputMismatchError, InvalidArgumentError, JaxrematError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import emit
-from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
+from jaxremat._jaxpr.trace import PRIVATE_KWARGS, TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Plan
 from jaxremat._model.policy_plan import PolicyPlan
 
@@ -39,11 +39,6 @@ def input_key(params: Any, batch: Any, kwargs: dict[str, Any]) -> InputKey:
 def _avals(key: tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]) -> str:
   """A tree's leaves as ``[(2, 5) float32, ...]``."""
   return "[" + ", ".join(f"{shape} {dtype}" for shape, dtype in key[1]) + "]"
-
-
-#: Keyword arguments jaxremat passes itself (apply_nnx's graph and state), left out of
-#: what messages show.
-PRIVATE_KWARGS = "_jaxremat_"
 
 
 class _Array:

@@ -17,12 +17,13 @@ from jaxremat._api.apply import apply
 from jaxremat._api.fit import Fitted, fit
 from jaxremat._api.result import Remat
 from jaxremat._errors import InputMismatchError, InvalidArgumentError
+from jaxremat._jaxpr.trace import NNX_KWARGS
 
 # Keyword arguments that carry the nnx graph and non-differentiated state through
 # ``jaxremat.apply`` (the graph definition is static, the state's arrays are traced).
-_GRAPHDEF = "_jaxremat_nnx_graphdef"
-_STATE = "_jaxremat_nnx_state"
-_WRT = "_jaxremat_nnx_wrt"
+_GRAPHDEF = NNX_KWARGS + "graphdef"
+_STATE = NNX_KWARGS + "state"
+_WRT = NNX_KWARGS + "wrt"
 
 # The keyword-only options of ``jaxremat.apply`` and ``jaxremat.fit``; apply_nnx and
 # fit_nnx pass them on.

@@ -82,6 +82,12 @@ def merge_kwargs(arrays: Sequence[Any], treedef: Any, static: tuple[Any, ...]) -
   return jax.tree_util.tree_unflatten(treedef, [next(it) if s is None else s for s in static])
 
 
+#: The prefix of the keyword arguments jaxremat passes itself, left out of what messages
+#: show, and of those ``apply_nnx`` passes (the module's graph and state).
+PRIVATE_KWARGS = "_jaxremat_"
+NNX_KWARGS = PRIVATE_KWARGS + "nnx_"
+
+
 def _model_raised_note(params: Any, batch: Any, nnx: bool) -> str:
   """What jaxremat called when the model raised: the params' top-level keys, the batch's
   shapes and dtypes, and how ``model_fn`` is called (an nnx module: ``model(batch)``)."""
@@ -139,7 +145,7 @@ def trace(
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*specs)
   except Exception as err:
     err.add_note(_model_raised_note(params, specs[1], nnx=any(
-        k.startswith("_jaxremat_nnx") for k in kwargs)))
+        k.startswith(NNX_KWARGS) for k in kwargs)))
     raise
   out_tree = jax.tree_util.tree_structure(out_shape)
   jaxpr, consts = _unwrap_calls(closed.jaxpr, list(closed.consts))
