@@ -82,3 +82,15 @@ def test_a_value_the_batch_does_not_feed_is_made_where_a_recomputed_segment_read
   # a value made by another layer than the one that reads it (a weight's transpose) stays
   other = dataclasses.replace(r, values=(Value(0, 6, 500, True, 2, first_read=2),))
   assert [(a, b) for a, b, size in other.intervals((2,)) if size == 500][0][0] == 0
+
+
+def test_a_value_made_once_lives_on_to_where_a_recomputed_segment_reads_it_again():
+  # A constant (300 bytes, no layer makes it) read by layer 0's forward step. Under plan
+  # (2,) layers 0-1 are recomputed (steps 4-5) and layer 1 needs layer 0's output: the
+  # recompute reads the one constant again. Under (1,) layer 0 ends its segment: the
+  # backward needs its input only, so its step does not run again.
+  zeros = Value(0, 0, 300, False, None, forward_reads=(0,))
+  r = dataclasses.replace(_replay(), values=(zeros,))
+  assert r.intervals(()) == [(0, 0, 300)]
+  assert [(a, b) for a, b, size in r.intervals((2,)) if size == 300] == [(0, 4)]
+  assert [(a, b) for a, b, size in r.intervals((1,)) if size == 300] == [(0, 0)]

@@ -45,7 +45,8 @@ class Value:
   """A value of the plain step, in its temp allocation or put by XLA in an output buffer
   before the output is written: schedule steps (both included), bytes, whether the
   batch or a layer makes it (else: an iota or a constant, made once), the last forward
-  step that reads it (None: none), and the output buffer (index in ``Replay.grads``)."""
+  step that reads it (None: none), the output buffer (index in ``Replay.grads``), and
+  of a value made once, the forward steps that read it."""
 
   first: int
   last: int
@@ -54,6 +55,7 @@ class Value:
   forward_read: int | None
   output: int = -1  # -1: in the temp allocation
   first_read: int | None = None  # of a layer's value the batch does not feed: its first reader
+  forward_reads: tuple[int, ...] = ()  # of a value made once: the forward steps reading it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +191,10 @@ class Replay:
     keep a later layer's weight transposes from early on under remat too).
 
     A value made once (no layer and no batch value makes it: an iota, a constant) lives
-    over its steps; a forward value read in the forward only, in the forward and again
+    over its steps, and on to where a recomputed segment reads it again: XLA shares the
+    one value between the forward and the recompute (the zero broadcasts CPU pools and
+    ReLUs read). A reader that is its segment's last layer is not run again (the
+    backward needs its input, not its output), nor its read; a forward value read in the forward only, in the forward and again
     in its segment's recompute while the segment reads it; a kept value of the last
     segment, from the forward to its backward read; of an earlier segment, in the
     forward while the forward reads it and from its recompute to its backward read;
@@ -215,7 +220,11 @@ class Replay:
     for v in self.values:
       output = v.output
       if not v.from_model or v.first >= turn:  # over its steps, which may run reordered
-        add(min(at(v.first), at(v.last)), max(at(v.first), at(v.last)), v.size)
+        steps = [at(v.first), at(v.last)]
+        steps += [pos[key] for t in v.forward_reads
+                  if (key := ("R", segment_of[self.forward_layer[t]], t)) in pos
+                  and self.forward_layer[t] < segments[key[1]][1] - 1]
+        add(min(steps), max(steps), v.size)
         continue
       s = segment_of[self.forward_layer[v.first]]
       first = v.first
@@ -338,7 +347,10 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
             output_of.get(id(v), -1),
             min((step[u] for u in v.uses if u in step), default=None)
             if v.instr not in data and v.first < turn and paths.get(v.instr) is not None
-            else None)
+            else None,
+            tuple(sorted(step[u] for u in v.uses if step.get(u, turn) < turn))
+            if v.instr not in data and v.first < turn and paths.get(v.instr) is None
+            else ())
       for v in temp)
   return Replay(values, turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
                 fixed_bytes, tables, alignment, grads=tuple(grads))
