@@ -295,11 +295,12 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree
   whole = []
   for key in kept:
     alike = sum(1 for k in dict.fromkeys(modules) if k != key and _kind(k) == _kind(key))
-    others = "the other" if alike == 1 else f"the {alike} others"
-    whole.append(f"'{path(key)}'" + (f" and {others} of its kind" if alike else ""))
+    others = "the other one" if alike == 1 else f"the {alike} others"
+    whole.append(f"'{path(key)}'" + (f" and {others} like it" if alike else ""))
   if whole:
-    text += (f"; not split into submodules: {', '.join(whole)} (split, one of them would "
-             "read a value made two or more layers before it, which is not a chain)")
+    text += (f"; kept whole: {', '.join(whole)} (inside, a submodule reads a value made two "
+             "or more submodules back, such as a residual connection, so its submodules "
+             "are not a chain of layers)")
   return text
 
 
