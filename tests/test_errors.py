@@ -327,7 +327,7 @@ CASES = [
          r"params do not match the shapes.*params\['params'\]\['layers_0'\]\['kernel'\]: "
          r"shape \(5, 8\) \(expected \(4, 8\)\).*Plan again"),
     Case("drop-in-other-layers", other_layers_on_bigger_batch,
-         jaxremat.InputMismatchError, r"with these inputs the model has layers .*call jaxremat.apply again"),
+         jaxremat.InputMismatchError, r"with these inputs the model has layers .*plan again with these inputs"),
     Case("drop-in-other-keyword-arguments", planned_for_evaluation_called_for_training,
          jaxremat.InputMismatchError,
          r"made with no keyword arguments, this call has rngs=\{'dropout': <array>\}, "

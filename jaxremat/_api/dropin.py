@@ -126,7 +126,8 @@ class DropIn:
                          "(train=, rngs=, mutable=)." if was != now else "")
         raise InputMismatchError(
             f"with these inputs the model has layers {list(names)}, but the plan was made "
-            f"for {list(self._names)}; call jaxremat.apply again with these inputs, or, to "
+            f"for {list(self._names)}; plan again with these inputs (the jaxremat call that "
+            "made this drop-in: apply, fit, apply_nnx or fit_nnx), or, to "
             "evaluate without gradients (train=False), call the model itself: r.fn is for "
             "the training step." + kwargs_differ)
       self._cache[key] = (traced, emit(traced, self._plan))
