@@ -15,6 +15,7 @@ from flax import nnx
 
 import jaxremat
 from jaxremat import zoo
+from jaxremat._api.checks import default_profile
 from jaxremat._backends import targets
 from jaxremat._errors import InvalidArgumentError, TargetUnavailableError
 from scan_models import ScannedMLP
@@ -56,6 +57,12 @@ def test_builtin_targets(name, gigabytes):
 
 def test_none_is_the_local_backend():
   assert targets.get_target(None) is None
+
+
+def test_the_compiled_profile_is_the_default_on_a_gpu_local_or_a_target():
+  assert default_profile(targets.get_target("h100"), "cpu") == "compiled"
+  assert default_profile(None, "gpu") == "compiled"
+  assert default_profile(None, "cpu") == "jaxpr"
 
 
 def test_user_config_as_text_and_as_file(tmp_path):

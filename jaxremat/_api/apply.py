@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from jaxremat._api import checks
 from jaxremat._api.advice import (warn_as_written, warn_if_coarse, warn_if_rematerialised,
                                   warn_one_layer)
@@ -86,8 +88,8 @@ def apply(
       profile: the training step without remat is compiled once (for ``target``) and
       each plan replays XLA's own schedule and buffers of it (docs/memory-model.md);
       chains only (no graph, scanned stack or sharded input). Default (None):
-      ``"compiled"`` for a GPU ``target`` where the model is such a chain, else
-      ``"jaxpr"``. ``Remat.profile`` says which predicted.
+      ``"compiled"`` for a GPU (a ``target``, or the local device) where the model is
+      such a chain, else ``"jaxpr"``. ``Remat.profile`` says which predicted.
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) run as an outer scan over segments of ``k`` iterations, each under
@@ -181,7 +183,7 @@ def apply(
     loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
     return compile_replay(traced, loss, params, batch, act_bytes, resolved, arrays)
 
-  replayed = (profile or ("compiled" if resolved else "jaxpr")) == "compiled"
+  replayed = (profile or checks.default_profile(resolved, jax.default_backend())) == "compiled"
   with clock("profile"):
     planner = make_planner(traced, scans, params, batch, model_kwargs, calibrate,
                            resolved, compiled if replayed else None,

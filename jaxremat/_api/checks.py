@@ -126,6 +126,13 @@ def check_options(plan: Any, layer_depth: Any) -> None:
         f"...), got {layer_depth!r}.")
 
 
+def default_profile(target: Any, backend: str) -> str:
+  """The profile used when none is given: the compiled one for a GPU, named as ``target``
+  or local (``backend``, ``jax.default_backend()``), where the jaxpr rules were never
+  fitted; else the jaxpr estimate."""
+  return "compiled" if target is not None or backend == "gpu" else "jaxpr"
+
+
 def check_profile(profile: Any) -> None:
   if profile not in PROFILES:
     raise InvalidArgumentError(

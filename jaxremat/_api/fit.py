@@ -236,14 +236,14 @@ def fit(
       footprint, steps[plan] = compile_step(jax.grad(loss), params, batch, arrays)
       return footprint.total_bytes
 
-  def replay(act_bytes: tuple[int, ...]) -> Replay:  # a GPU target's compiled profile
-    assert resolved is not None
+  def replay(act_bytes: tuple[int, ...]) -> Replay:  # a GPU's compiled profile
     loss = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)[0]
     return compile_replay(traced, loss, params, batch, act_bytes, resolved, arrays)
 
   with clock("profile"):  # as apply: the layer-boundary plans predicted alike
     planner = make_planner(traced, scans, params, batch, model_kwargs, False,
-                           resolved, replay if resolved else None,
+                           resolved, replay if checks.default_profile(
+                               resolved, jax.default_backend()) == "compiled" else None,
                            required=False)
     assert isinstance(planner, ChainPlanner)  # a graph was rejected above
     chain = planner.chain
