@@ -157,6 +157,10 @@ def test_fit_budget_errors():
   with pytest.raises(jaxremat.InfeasibleBudgetError, match="hold in every training step") as err:
     jaxremat.fit(model.apply, params, x, 1024)  # bytes: below the parameters alone
   assert err.value.min_feasible_bytes > 1024
+  with pytest.raises(jaxremat.InfeasibleBudgetError,  # a share: said how it was read
+                     match=r"memory_budget=0.001 is the fixed .* plus 0.1% of the .* of "
+                           r"activations .*least footprint found is \d+ bytes"):
+    jaxremat.fit(model.apply, params, x, 0.001, verify=False)
 
 
 def test_fit_rejects_a_graph():

@@ -118,6 +118,59 @@ def test_a_large_batch_value_read_across_layers_keeps_its_module_whole():
   assert "kept whole: 'inner' (" in r.decomposition
 
 
+class _ResBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + nn.Dense(x.shape[-1])(nn.relu(nn.Dense(x.shape[-1])(x)))
+
+
+class _Encoder(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    skips = []
+    for i in range(2):
+      x = _ResBlock(name=f"block{i}")(x)
+      skips.append(x)
+    return x, skips
+
+
+class _Decoder(nn.Module):
+  @nn.compact
+  def __call__(self, x, skips):
+    for i, skip in enumerate(reversed(skips)):
+      x = _ResBlock(name=f"block{i}")(jnp.concatenate([x, skip], -1)[..., ::2])
+    return x
+
+
+class _NestedUNet(nn.Module):
+  """A U-Net as real code nests it: the skips cross from the Encoder to the Decoder."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(64, name="stem")(x)
+    x, skips = _Encoder(name="Encoder")(x)
+    return _Decoder(name="Decoder")(nn.Dense(64, name="middle")(x), skips)
+
+
+def test_a_graph_at_the_root_is_split_into_its_blocks_which_stay_whole():
+  # The root's children (stem, Encoder, middle, Decoder) are a graph already. The Encoder
+  # and the Decoder are split into their blocks (each stage's layers and the one before
+  # are a chain); a residual block is not (its input is read by its last layer). XLA
+  # measures the plan over the blocks no larger than the plan over the root's children.
+  model, x = _NestedUNet(), jnp.ones((64, 16))
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x)
+  assert r.is_graph
+  assert {"Encoder/block0", "Encoder/block1", "Decoder/block0"} <= set(r.chain.names)
+  assert not any(n.count("/") > 1 for n in r.chain.names), r.chain.names
+  assert "kept whole: 'Encoder/block0'" in r.decomposition
+  assert "planned as a graph" in r.decomposition
+  coarse = jaxremat.apply(model.apply, params, x, layer_depth=1)
+  assert r.measured_total_bytes <= coarse.measured_total_bytes
+  _assert_close(jax.grad(lambda p: model.apply(p, x).sum())(params),
+                jax.grad(lambda p: r.fn(p, x).sum())(params))
+
+
 @pytest.mark.parametrize("name", rm.NAMES)
 def test_gradients_equal_plain_gradients(name):
   case, model, variables, r = _setup(name)

@@ -9,7 +9,6 @@ XLA's compile.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ import jax
 from jaxremat._api import checks
 from jaxremat._api.advice import one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
+from jaxremat._api.fit_budget import budget_bytes, budget_read_as, check_memory_budget, is_share
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
@@ -33,7 +33,6 @@ from jaxremat._backends.targets import Target, get_target
 from jaxremat._errors import (
   InfeasibleBudgetError,
   InvalidArgumentError,
-  InvalidBudgetError,
   NotAChainError,
 )
 from jaxremat._jaxpr import scan as _scan
@@ -193,8 +192,8 @@ def fit(
   checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
-  _check_budget(memory_budget)
-  if not _is_share(memory_budget):  # bytes
+  check_memory_budget(memory_budget)
+  if not is_share(memory_budget):  # bytes
     check_holds_inputs(int(memory_budget), params, batch, model_kwargs, "memory_budget",
                        "A float in (0, 1] is a share of the activations instead "
                        "(memory_budget=0.5: half of them).", given=memory_budget)
@@ -206,8 +205,11 @@ def fit(
   checks.check_float_output(traced)
   checks.check_loss_output(traced, model_kwargs, loss_fn)
   if traced.is_graph:
-    raise NotAChainError(f"{traced.not_a_chain} jaxremat.fit plans chains of layers; plan "
-                         "this model with jaxremat.apply (budget_bytes=) instead.")
+    raise NotAChainError(
+        f"{traced.not_a_chain} jaxremat.fit plans chains of layers only (a skip across "
+        "modules, a U-Net's from its encoder to its decoder, stays one at every "
+        "layer_depth); plan this model with jaxremat.apply(..., budget_bytes=...), which "
+        "plans graphs under a byte budget at layer boundaries.")
   key = input_key(params, batch, model_kwargs)
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
   written = traced
@@ -257,7 +259,8 @@ def fit(
   else:  # the compiled profile's compile measured the plain step already
     kept = planner.replay.plain_bytes if planner.replay else measured(Plan())
     no_remat = measured(Plan(), as_written=True) if scans else kept
-  budget = _budget_bytes(memory_budget, fixed, no_remat)
+  budget = budget_bytes(memory_budget, fixed, no_remat)
+  read_as = budget_read_as(memory_budget, fixed, no_remat)
   # One calibration: the groups' bytes scaled so that keeping everything predicts its
   # footprint (XLA's, or the backend's estimate without verify).
   keep_all = [c for c in costs if c.group.option.kind == KEEP]
@@ -304,10 +307,11 @@ def fit(
         chosen, footprint = layers.groups_of(swept[0]), swept[1]
   if chosen is None:
     if not compiled:
-      raise _infeasible(budget, predicted_least, "predicted", traced)
+      raise _infeasible(budget, predicted_least, "predicted", traced, read_as)
     raise _infeasible(budget, min(compiled), f"XLA-measured, the least of the {len(compiled)} "
-                      "plans fit compiled; jaxremat.apply(..., verify=True), which looks for "
-                      "the least footprint, may reach less", traced)
+                      "plans fit compiled; jaxremat.apply(..., verify=True) (apply_nnx for an "
+                      "nnx module), which looks for the least footprint, may reach less", traced,
+                      read_as)
   timings: list[tuple[str, int, float]] = []
   examined = list(search.tried)
   if timed:
@@ -359,35 +363,11 @@ def _check_time_steps(time_steps: bool | None, verify: bool, target: Target | No
   return bool(time_steps)
 
 
-def _check_budget(memory_budget: object) -> None:
-  if isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real):
-    raise InvalidArgumentError(
-        f"memory_budget must be a share of the activations in (0, 1] or a number of bytes, "
-        f"got {type(memory_budget).__name__} {memory_budget!r}.")
-  value = float(memory_budget)
-  if not value > 0 or value == float("inf"):
-    raise InvalidBudgetError(
-        f"memory_budget must be a share of the activations in (0, 1] or a positive number "
-        f"of bytes, got {memory_budget!r}.")
-
-
-def _is_share(memory_budget: float | int) -> bool:
-  """A float in (0, 1] is a share of the activations; an int or a larger float, bytes."""
-  return isinstance(memory_budget, float) and memory_budget <= 1
-
-
-def _budget_bytes(memory_budget: float | int, fixed: int, no_remat: int) -> int:
-  """The budget in bytes: a float in (0, 1] is that share of the activations above
-  the fixed bytes."""
-  if _is_share(memory_budget):
-    return int(fixed + memory_budget * max(no_remat - fixed, 0))
-  return int(memory_budget)
-
-
-def _infeasible(budget: int, least: int, how: str, traced: TracedChain) -> InfeasibleBudgetError:
+def _infeasible(budget: int, least: int, how: str, traced: TracedChain,
+                read_as: str) -> InfeasibleBudgetError:
   hint = one_layer_hint(traced)
   return InfeasibleBudgetError(
-      f"no plan fits the step in {budget} bytes ({fmt_bytes(budget)}); the least footprint "
-      f"found is {least} bytes ({fmt_bytes(least)}, {how}). Raise the budget to at least "
-      "that, or use a smaller batch." + (f" {hint}" if hint else ""), budget_bytes=budget,
-      min_feasible_bytes=least)
+      f"no plan fits the step in {budget} bytes ({fmt_bytes(budget)}{read_as}); the least "
+      f"footprint found is {least} bytes ({fmt_bytes(least)}, {how}). Raise the budget to at "
+      "least that, or use a smaller batch." + (f" {hint}" if hint else ""),
+      budget_bytes=budget, min_feasible_bytes=least)

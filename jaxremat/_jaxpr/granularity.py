@@ -88,7 +88,9 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
   total = max(1, sum(weights))
   tree = _Tree(stacks, weights, depth)
 
-  def evaluate(expanded: frozenset) -> tuple[Decomposition, list[Key]]:
+  def evaluate(expanded: frozenset, split: Key = ()) -> tuple[Decomposition, list[Key], bool]:
+    """The layers with the modules of ``expanded`` split, their modules, and whether the
+    layers of ``split`` form a chain with the layer before them (a graph's splits)."""
     keyed = _keyed(eqns, stacks, depth, expanded)
     groups = _named(keyed, depth, prefix_outside=True)
     prelude, groups, moved = hoist_values(groups, invariant, batch_vars, param_vars,
@@ -97,13 +99,19 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     groups = attach_output_work(groups, known, outvars)
     chain = first_skip(groups, known) is None
     modules = [key for key, _ in keyed if key[0]]
-    return Decomposition(tuple(prelude), tuple(groups), chain, _hoist_note(moved)), modules
+    inside = [i for i, (key, _) in enumerate(keyed)
+              if (key if key[0] else key[1:])[:len(split)] == split]
+    window = keyed[max(inside[0] - 1, 0):inside[-1] + 1] if inside else []
+    own_chain = (bool(inside) and inside == list(range(inside[0], inside[-1] + 1))
+                 and first_skip([("/".join(k), e) for k, e in window], known) is None)
+    return (Decomposition(tuple(prelude), tuple(groups), chain, _hoist_note(moved)), modules,
+            own_chain)
 
-  best, modules = evaluate(frozenset())
-  if not best.is_chain:
-    return dataclasses.replace(best, description=(
-        f"the root module's children ({len(best.groups)} layers, planned as a graph: a layer "
-        "reads a value made two or more layers before it)" + best.description))
+  best, modules, _ = evaluate(frozenset())
+  # A graph already (a U-Net's skips): a module is split when its layers and the one
+  # before them form a chain (an Encoder's blocks), not when it holds a skip of its own
+  # (a residual block's input read by its last layer).
+  graph = not best.is_chain
   expanded: frozenset = frozenset()
   split: list[Key] = []
   kept: list[Key] = []
@@ -114,15 +122,16 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     if not candidates:
       break
     key = max(candidates, key=tree.weight)
-    trial, trial_modules = evaluate(expanded | tree.expansion(key))
-    if trial.is_chain:
+    trial, trial_modules, own_chain = evaluate(expanded | tree.expansion(key), key)
+    accepted = trial.is_chain or (graph and own_chain)
+    if accepted:
       expanded, best, modules = expanded | tree.expansion(key), trial, trial_modules
       split.append(key)
     else:
       kept.append(key)
-    decided.setdefault(_kind(key), trial.is_chain)
+    decided.setdefault(_kind(key), accepted)
   return dataclasses.replace(best, description=_describe(
-      split, kept, modules, tree, total, depth, len(best.groups)) + best.description)
+      split, kept, modules, tree, total, depth, len(best.groups), graph) + best.description)
 
 
 def activation_bytes(eqns: Sequence[Any], batch_vars: Iterable[Any]) -> list[int]:
@@ -276,9 +285,10 @@ def _eqn_label(eqn: Any) -> str:
 
 
 def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree, total: int,
-              depth: int, layers: int) -> str:
+              depth: int, layers: int, graph: bool) -> str:
   """``decompose``'s choice in a sentence: the modules split (with their share of the
-  activation bytes), the layers' depth, and the modules kept whole."""
+  activation bytes), the layers' depth, and the modules kept whole; for a ``graph``
+  (a layer reads a value made two or more layers before it), that it is one."""
   def path(key: Key) -> str:
     return "/".join(key[depth:])
 
@@ -301,6 +311,9 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree
     text += (f"; kept whole: {', '.join(whole)} (inside, a submodule reads a value made two "
              "or more submodules back, such as a residual connection, so its submodules "
              "are not a chain of layers)")
+  if graph:
+    text += ("; planned as a graph: a layer reads a value made two or more layers before "
+             "it (a skip connection across layers)")
   return text
 
 
