@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxremat
 from jaxremat import zoo
@@ -199,3 +200,12 @@ def test_an_error_the_model_raises_when_traced_says_how_model_fn_is_called():
     note = "\n".join(getattr(raised.value, "__notes__", []))
     assert "the whole variables dict ({'params': ...}" in note
     assert "float32[4, 12]" in note
+
+
+def test_an_error_an_nnx_module_raises_when_traced_says_labels_go_in_loss_fn():
+  model = nnx.Linear(12, 8, rngs=nnx.Rngs(0))
+  x = jnp.ones((4, 12))
+  with pytest.raises(Exception) as raised:
+    jaxremat.apply_nnx(model, (x, jnp.zeros(4, jnp.int32)))
+  note = "\n".join(getattr(raised.value, "__notes__", []))
+  assert "traced as model(batch)" in note and "labels for the loss go in loss_fn=" in note

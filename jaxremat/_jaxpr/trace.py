@@ -96,7 +96,9 @@ def _model_raised_note(params: Any, batch: Any, nnx: bool) -> str:
   if len(shapes) > 200:
     shapes = shapes[:200] + "..."
   if nnx:
-    return f"jaxremat: the model raised this when traced as model(batch), batch {shapes}."
+    return (f"jaxremat: the model raised this when traced as model(batch), batch {shapes}: "
+            "batch is the module's one positional input (a tuple is passed whole); labels "
+            "for the loss go in loss_fn=, closed over.")
   return ("jaxremat: the model raised this when traced as model_fn(params, batch, "
           f"**model_kwargs), params with top-level keys {keys}, batch {shapes}. model_fn "
           "is called as flax's model.apply is: params is the whole variables dict "
