@@ -21,7 +21,6 @@ import optax
 from sklearn.datasets import load_digits
 
 import jaxremat
-from jaxremat._backends.measure import default_compiler_options
 
 IMAGE_SIZE = 32  # the 8x8 digits are upsampled so that activations dominate memory
 STAGES = ((16, 1), (16, 1), (32, 2), (32, 1), (64, 2), (64, 1), (128, 2))  # (features, stride)
@@ -65,7 +64,7 @@ def make_train_step(apply_fn, optimizer):
 
 def compile_step(step, *args):
   """Compiles ``step`` so that remat is real on CPU (the barriers are kept)."""
-  return jax.jit(step).lower(*args).compile(compiler_options=default_compiler_options() or None)
+  return jaxremat.jit(step).lower(*args).compile()
 
 
 def footprint_bytes(compiled) -> int:

@@ -28,7 +28,6 @@ import optax
 from flax import nnx
 
 import jaxremat
-from jaxremat._backends.measure import default_compiler_options
 
 SOURCES = ("functools", "contextlib", "heapq", "textwrap", "string", "bisect")
 
@@ -117,7 +116,7 @@ def make_eval_loss(graphdef):
 
 def compile_step(step, *args):
   """Compiles ``step`` so that remat is real on CPU (the barriers are kept)."""
-  return jax.jit(step).lower(*args).compile(compiler_options=default_compiler_options() or None)
+  return jaxremat.jit(step).lower(*args).compile()
 
 
 def footprint_bytes(compiled) -> int:
