@@ -161,7 +161,8 @@ def fit(
     memory_budget: the step's footprint allowed: a float in ``(0, 1]`` is a share of
       the activations (the footprint of the model as written less the fixed bytes; with
       ``verify=False`` and a scanned stack, of it segmented), on top of the fixed bytes;
-      an int or a float above 1 is bytes.
+      an int or a float above 1 is bytes. The step is ``jax.grad`` of the loss: the
+      optimizer's state and update are not in it (add them to a budget in bytes).
     verify: compile the chosen plan and, while XLA's footprint exceeds the budget,
       tighten the predicted budget by the excess and solve again; once one fits, loosen
       it by the bytes XLA left unused (or those the plan was predicted over, the more)
