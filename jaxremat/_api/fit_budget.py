@@ -36,6 +36,8 @@ def budget_bytes(memory_budget: float | int, fixed: int, no_remat: int) -> int:
 
 def budget_read_as(memory_budget: float | int, fixed: int, no_remat: int) -> str:
   """How a share budget was read, for messages ("" for bytes)."""
+  if not is_share(memory_budget):
+    return ""
   return (f": memory_budget={memory_budget} is the fixed {fmt_bytes(fixed)} (parameters, "
-          f"batch, gradients) plus {memory_budget * 100:g}% of the {fmt_bytes(no_remat - fixed)} "
-          "of activations above them without remat") if is_share(memory_budget) else ""
+          f"batch, gradients) plus {memory_budget * 100:g}% of the "
+          f"{fmt_bytes(no_remat - fixed)} of activations above them without remat")

@@ -6,7 +6,7 @@ By default (``decompose``) the layers start as the root module's children, and a
 that holds a large share of the model's activation bytes is replaced by its own
 children, recursively and at mixed depth, as long as the layers stay a chain: the
 blocks of a transformer's ``Encoder``, of an ``nnx.Sequential`` or of a ResNet stage
-become the layers, wherever they sit.
+become the layers, wherever they sit (a U-Net's too, planned as a graph).
 """
 
 from __future__ import annotations
@@ -70,8 +70,11 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
   index (``layer1``, ``layer2``; ``blocks.0``, ``blocks.1``) was split; a module with
   a single child is looked through. A split is kept only when the layers stay a chain
   once small batch-only values read across layers (``HOIST_SHARE``) join the prelude;
-  otherwise the module, and its like-named siblings, stay whole. Largest modules go
-  first. Shares are ratios of shapes, so another batch size gives the same layers.
+  otherwise the module, and its like-named siblings, stay whole. When the root's children
+  are a graph already (a U-Net's skips from its encoder to its decoder), a split is kept
+  when the module's layers and the one before them form a chain (an Encoder's blocks),
+  not when it holds a skip of its own (a residual block). Largest modules go first.
+  Shares are ratios of shapes, so another batch size gives the same layers.
 
   Args:
     eqns: the model's equations, in order.
@@ -108,10 +111,7 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
             own_chain)
 
   best, modules, _ = evaluate(frozenset())
-  # A graph already (a U-Net's skips): a module is split when its layers and the one
-  # before them form a chain (an Encoder's blocks), not when it holds a skip of its own
-  # (a residual block's input read by its last layer).
-  graph = not best.is_chain
+  graph = not best.is_chain  # then splits are judged by their own layers (docstring)
   expanded: frozenset = frozenset()
   split: list[Key] = []
   kept: list[Key] = []
