@@ -4,7 +4,8 @@ Each family nests its repeated blocks one level below the root module, as the pu
 it imitates does: a ViT whose blocks sit in an ``Encoder`` (google-research/
 vision_transformer), a decoder-only LM whose blocks sit in a ``Decoder`` and read an
 attention mask built from the tokens at the root (flax examples/lm1b), a ResNet whose
-blocks sit in stage modules, a linen LM whose blocks are an ``nn.scan`` inside a child,
+blocks sit in stage modules, a U-Net whose blocks sit in an encoder and a decoder (its
+skips make it a graph), a linen LM whose blocks are an ``nn.scan`` inside a child,
 and an nnx MiniGPT whose blocks sit in an ``nnx.Sequential`` or in a child holding an
 ``nnx.List`` (the Flax docs' MiniGPT). Each takes ``remat=True`` to rematerialise every
 block the framework's way (``nn.remat``, ``nnx.remat``), with the same variables.
@@ -275,6 +276,79 @@ class ResNet(nn.Module):
     return nn.Dense(self.num_classes)(jnp.mean(x, axis=(1, 2)))
 
 
+# ------------------------------------------------------------------ linen: U-Net
+
+
+class UNetBlock(nn.Module):
+  """GroupNorm, SiLU, 3x3 conv, twice, and a residual add (a 1x1 conv when widths differ)."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    h = nn.Conv(self.features, (3, 3))(nn.silu(nn.GroupNorm(num_groups=4)(x)))
+    h = nn.Conv(self.features, (3, 3))(nn.silu(nn.GroupNorm(num_groups=4)(h)))
+    if x.shape[-1] != self.features:
+      x = nn.Conv(self.features, (1, 1))(x)
+    return x + h
+
+
+class UNetEncoder(nn.Module):
+  """Per level two blocks, whose output is a skip, then a strided conv (not after the last)."""
+
+  widths: tuple[int, ...]
+  remat: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+    block = nn.remat(UNetBlock) if self.remat else UNetBlock
+    skips = []
+    for i, width in enumerate(self.widths):
+      for j in range(2):
+        x = block(width, name=f"down{i}_block{j}")(x)
+      skips.append(x)
+      if i + 1 < len(self.widths):
+        x = nn.Conv(width, (3, 3), strides=2, name=f"down{i}_pool")(x)
+    return x, skips
+
+
+class UNetDecoder(nn.Module):
+  """Per level from the deepest: the encoder's skip concatenated, two blocks, then a
+  nearest-neighbour upsampling and a conv (not after the last)."""
+
+  widths: tuple[int, ...]
+  remat: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array, skips: list[jax.Array]) -> jax.Array:
+    block = nn.remat(UNetBlock) if self.remat else UNetBlock
+    for i, (width, skip) in enumerate(zip(self.widths[::-1], skips[::-1])):
+      x = jnp.concatenate([x, skip], axis=-1)
+      for j in range(2):
+        x = block(width, name=f"up{i}_block{j}")(x)
+      if i + 1 < len(self.widths):
+        b, hgt, wid, c = x.shape
+        x = jax.image.resize(x, (b, 2 * hgt, 2 * wid, c), "nearest")
+        x = nn.Conv(self.widths[-2 - i], (3, 3), name=f"up{i}_up")(x)
+    return x
+
+
+class UNet(nn.Module):
+  """A diffusion-style U-Net: stem, ``encoder``, a ``middle`` block, ``decoder``, head; the
+  skips cross from the encoder to the decoder (a graph at the root)."""
+
+  widths: tuple[int, ...]
+  remat: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x = nn.Conv(self.widths[0], (3, 3), name="stem")(x)
+    x, skips = UNetEncoder(self.widths, self.remat, name="encoder")(x)
+    x = (nn.remat(UNetBlock) if self.remat else UNetBlock)(self.widths[-1], name="middle")(x)
+    x = UNetDecoder(self.widths, self.remat, name="decoder")(x, skips)
+    return nn.Conv(3, (3, 3), name="head")(nn.silu(nn.GroupNorm(num_groups=4)(x)))
+
+
 # ------------------------------------------------------------------ linen: nn.scan stack
 
 
@@ -442,7 +516,7 @@ SIZES: dict[str, dict[str, Any]] = {
               "seq": 64, "image": 32, "vocab": 512, "lm_dropout": True},
 }
 
-NAMES = ("vit", "lm1b", "resnet", "scan-lm", "minigpt-sequential", "minigpt-list")
+NAMES = ("vit", "lm1b", "resnet", "unet", "scan-lm", "minigpt-sequential", "minigpt-list")
 
 
 def build(name: str, size: str = "test") -> Case:
@@ -470,6 +544,18 @@ def build(name: str, size: str = "test") -> Case:
                 {"mutable": ["batch_stats"]},
                 tuple(f"layer{i + 1}/ResNetBlock_{j}" for i, n in enumerate(stages)
                       for j in range(n)))
+  if name == "unet":
+    widths = (d // 2, d)
+    image = jax.random.normal(key, (b, s["image"], s["image"], 3))
+    levels = len(widths)
+    blocks = tuple(f"encoder/down{i}_{part}" for i in range(levels)
+                   for part in ("block0", "block1", "pool")[:3 if i + 1 < levels else 2])
+    blocks += ("middle",)
+    blocks += tuple(part for i in range(levels) for part in (
+        "decoder/(concatenate)" + (f"#{i + 1}" if i else ""), f"decoder/up{i}_block0",
+        f"decoder/up{i}_block1") + (("decoder/(_resize)" + (f"#{i + 1}" if i else ""),
+                                     f"decoder/up{i}_up") if i + 1 < levels else ()))
+    return Case(name, lambda remat: UNet(widths, remat=remat), image, {}, blocks)
   if name == "scan-lm":
     return Case(name, lambda remat: ScannedLM(vocab, d, s["scan_depth"], 4, 4 * d, remat=remat),
                 tokens,
