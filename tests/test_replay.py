@@ -69,3 +69,19 @@ def test_compiled_profile_keeps_the_gradients() -> None:
   want = jax.jit(jax.grad(loss(model.apply)))(params, x)
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     assert jax.numpy.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_constant_the_forward_reads_is_found_with_its_readers() -> None:
+  """XLA's CPU step makes a ReLU's or pool's zeros as a buffer no layer makes (a constant):
+  the replay reads off which forward steps read it, within its live range."""
+  model = nn.Sequential([nn.Conv(16, (3, 3)), nn.relu, nn.Conv(16, (3, 3)), nn.relu,
+                         lambda x: nn.avg_pool(x, (2, 2), (2, 2)), nn.Conv(16, (3, 3)), nn.relu,
+                         lambda x: x.mean(axis=(1, 2)), nn.Dense(4)])
+  x = jax.random.normal(jax.random.key(0), (8, 32, 32, 3))
+  params = model.init(jax.random.key(1), x)
+  replay = jaxremat.apply(model.apply, params, x, profile="compiled", verify=False)._planner.replay
+  constants = [v for v in replay.values if not v.from_model and v.forward_reads]
+  assert constants
+  for v in constants:  # (a value its reader writes over ends a step before that read)
+    assert all(v.first <= t <= v.last + 1 and t < replay.turn for t in v.forward_reads)
+  assert all(not v.forward_reads for v in replay.values if v.from_model)

@@ -17,7 +17,8 @@ import jax
 from jaxremat._api import checks
 from jaxremat._api.advice import one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
-from jaxremat._api.fit_budget import budget_bytes, budget_read_as, check_memory_budget, is_share
+from jaxremat._api.memory_budget import (budget_in_bytes, budget_read_as, check_memory_budget,
+                                         is_share)
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
@@ -207,10 +208,10 @@ def fit(
   checks.check_loss_output(traced, model_kwargs, loss_fn)
   if traced.is_graph:
     raise NotAChainError(
-        f"{traced.not_a_chain} jaxremat.fit plans chains of layers only (a skip across "
-        "modules, a U-Net's from its encoder to its decoder, stays one at every "
-        "layer_depth); plan this model with jaxremat.apply(..., budget_bytes=...), which "
-        "plans graphs under a byte budget at layer boundaries.")
+        f"{traced.not_a_chain} jaxremat.fit plans chains of layers only. Where no grouping "
+        "or layer_depth makes the model one (a U-Net's skips from its encoder to its "
+        "decoder stay skips at every layer_depth), plan it with jaxremat.apply(..., "
+        "budget_bytes=...), which plans graphs under a byte budget at layer boundaries.")
   key = input_key(params, batch, model_kwargs)
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
   written = traced
@@ -260,7 +261,7 @@ def fit(
   else:  # the compiled profile's compile measured the plain step already
     kept = planner.replay.plain_bytes if planner.replay else measured(Plan())
     no_remat = measured(Plan(), as_written=True) if scans else kept
-  budget = budget_bytes(memory_budget, fixed, no_remat)
+  budget = budget_in_bytes(memory_budget, fixed, no_remat)
   read_as = budget_read_as(memory_budget, fixed, no_remat)
   # One calibration: the groups' bytes scaled so that keeping everything predicts its
   # footprint (XLA's, or the backend's estimate without verify).

@@ -193,10 +193,10 @@ class Replay:
     A value made once (no layer and no batch value makes it: an iota, a constant) lives
     over its steps, and on to where a recomputed segment reads it again: XLA shares the
     one value between the forward and the recompute (the zero broadcasts CPU pools and
-    ReLUs read). A reader that is its segment's last layer is not run again (the
-    backward needs its input, not its output), nor its read. A forward value read in the
-    forward only lives in the forward and again in its segment's recompute while the
-    segment reads it; a kept value of the last
+    ReLUs read). A read by a segment's last layer does not count: the recompute need
+    not make that layer's output (its backward needs its input), and XLA drops the work.
+    A forward value read in the forward only lives in the forward and again in its
+    segment's recompute while the segment reads it; a kept value of the last
     segment, from the forward to its backward read; of an earlier segment, in the
     forward while the forward reads it and from its recompute to its backward read;
     read by a later segment's backward, it is that segment's input ``x_r`` (up to

@@ -103,7 +103,7 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     chain = first_skip(groups, known) is None
     modules = [key for key, _ in keyed if key[0]]
     inside = [i for i, (key, _) in enumerate(keyed)
-              if (key if key[0] else key[1:])[:len(split)] == split]
+              if split and (key if key[0] else key[1:])[:len(split)] == split]
     window = keyed[max(inside[0] - 1, 0):inside[-1] + 1] if inside else []
     own_chain = (bool(inside) and inside == list(range(inside[0], inside[-1] + 1))
                  and first_skip([("/".join(k), e) for k, e in window], known) is None)
@@ -308,9 +308,8 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree
     others = "the other one" if alike == 1 else f"the {alike} others"
     whole.append(f"'{path(key)}'" + (f" and {others} like it" if alike else ""))
   if whole:
-    text += (f"; kept whole: {', '.join(whole)} (inside, a submodule reads a value made two "
-             "or more submodules back, such as a residual connection, so its submodules "
-             "are not a chain of layers)")
+    text += (f"; kept whole: {', '.join(whole)} (split, a layer would read a value made "
+             "two or more layers before it: a residual connection or a skip)")
   if graph:
     text += ("; planned as a graph: a layer reads a value made two or more layers before "
              "it (a skip connection across layers)")

@@ -26,7 +26,7 @@ def is_share(memory_budget: float | int) -> bool:
   return isinstance(memory_budget, float) and memory_budget <= 1
 
 
-def budget_bytes(memory_budget: float | int, fixed: int, no_remat: int) -> int:
+def budget_in_bytes(memory_budget: float | int, fixed: int, no_remat: int) -> int:
   """The budget in bytes: a float in (0, 1] is that share of the activations above
   the fixed bytes."""
   if is_share(memory_budget):
@@ -40,4 +40,4 @@ def budget_read_as(memory_budget: float | int, fixed: int, no_remat: int) -> str
     return ""
   return (f": memory_budget={memory_budget} is the fixed {fmt_bytes(fixed)} (parameters, "
           f"batch, gradients) plus {memory_budget * 100:g}% of the "
-          f"{fmt_bytes(no_remat - fixed)} of activations above them without remat")
+          f"{fmt_bytes(max(no_remat - fixed, 0))} of activations above them without remat")
