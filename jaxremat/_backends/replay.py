@@ -340,20 +340,18 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
     temp += [v for v in found if v is not out]
   tables = tuple(v.size for v in dump.values.values() if v.allocation == "temp" and v.is_tuple)
   starts = {(v.index, v.first, v.offset) for v in temp}  # written over one that ends there
-  values = tuple(
-      Value(v.first,
-            v.last - 1 if (v.index, v.last, v.offset) in starts and v.last > v.first else v.last,
-            v.size, v.instr in data or v.first >= turn or paths.get(v.instr) is not None,
-            max((step[u] for u in v.uses if step.get(u, turn) < turn), default=None),
-            output_of.get(id(v), -1),
-            min((step[u] for u in v.uses if u in step), default=None)
-            if v.instr not in data and v.first < turn and paths.get(v.instr) is not None
-            else None,
-            tuple(sorted(step[u] for u in v.uses if step.get(u, turn) < turn))
-            if v.instr not in data and v.first < turn and paths.get(v.instr) is None
-            else ())
-      for v in temp)
-  return Replay(values, turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
+  values = []
+  for v in temp:
+    reads = sorted(step[u] for u in v.uses if step.get(u, turn) < turn)  # in the forward
+    unfed = v.instr not in data and v.first < turn  # made in the forward, not from the batch
+    by_layer = paths.get(v.instr) is not None
+    last = v.last - 1 if (v.index, v.last, v.offset) in starts and v.last > v.first else v.last
+    first_read = min((step[u] for u in v.uses if u in step), default=None)
+    values.append(Value(v.first, last, v.size, not unfed or by_layer,
+                        reads[-1] if reads else None, output_of.get(id(v), -1),
+                        first_read if unfed and by_layer else None,
+                        tuple(reads) if unfed and not by_layer else ()))
+  return Replay(tuple(values), turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
                 fixed_bytes, tables, alignment, grads=tuple(grads))
 
 
