@@ -95,6 +95,20 @@ def test_layer_depth_stays_an_exact_override():
   assert graph.is_graph
 
 
+def test_layer_depth_names_a_module_without_children_and_whose_own_work_a_layer_is():
+  # At layer_depth=2 the U-Net's stem and head are convolutions with no children: they
+  # keep their names, not their primitives'; the middle block's own work between its
+  # children says it is the middle block's, as the automatic decomposition's layers do.
+  case = rm.build("unet")
+  model, variables = rm.init(case)
+  names = rm.apply(case, model, variables, layer_depth=2, method="none").chain.names
+  assert names[0] == "stem" and names[-1] == "head"
+  assert names[6:13] == ("middle/GroupNorm_0", "middle/(silu)", "middle/Conv_0",
+                         "middle/GroupNorm_1", "middle/(silu)#2", "middle/Conv_1",
+                         "middle/(add)")
+  assert names[-3:-1] == ("GroupNorm_0", "(silu)")  # the root's own work: no path
+
+
 class _InputSkip(nn.Module):
   """A scaled copy of the input (batch-only, as large as an activation) read by the first
   and the last of three layers."""

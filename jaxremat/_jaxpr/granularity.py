@@ -57,7 +57,10 @@ def group(eqns: Sequence[Any], layer_depth: int) -> list[Group]:
   the root into named layers (the fixed ``layer_depth`` of ``jaxremat.apply``)."""
   stacks = [_compat.name_stack(e) for e in eqns]
   keyed = _keyed(eqns, stacks, layer_depth, frozenset())
-  return _named(keyed, 1 if layer_depth else 0, prefix_outside=False)
+  modules = {key[1:] for key, _ in keyed if key[0] == "" and len(key) > 2}  # not the root
+  parents = {s[:n] for s in stacks for n in range(1, len(s))}
+  return _named(keyed, 1 if layer_depth else 0, prefix_outside=True,
+                leaves=frozenset(modules - parents))
 
 
 def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
@@ -228,14 +231,18 @@ def _keyed(eqns: Sequence[Any], stacks: Sequence[Key], depth: int,
   return groups
 
 
-def _named(keyed: list[tuple[Key, list]], drop: int, prefix_outside: bool) -> list[Group]:
+def _named(keyed: list[tuple[Key, list]], drop: int, prefix_outside: bool,
+           leaves: frozenset = frozenset()) -> list[Group]:
   """Names each group by its module path less the first ``drop`` components (the implied
   root); a group outside any child by its primitives, after its module's path when
-  ``prefix_outside``; repeated names get ``#2``, ``#3``."""
+  ``prefix_outside``, or by its module's path when that module is in ``leaves`` (it
+  has no child: a ``Conv`` above ``layer_depth``); repeated names get ``#2``, ``#3``."""
   named = []
   seen: dict[str, int] = {}
   for key, eqns in keyed:
-    if key[0] == "":
+    if key[0] == "" and key[1:] in leaves:
+      name = "/".join(key[1 + drop:])
+    elif key[0] == "":
       prims = list(dict.fromkeys(_eqn_label(e) for e in eqns))
       name = _scanned_module(eqns) or (
           "(" + ",".join(prims[:3]) + (",..." if len(prims) > 3 else "") + ")")
