@@ -11,6 +11,7 @@ from jaxremat._api import checks
 from jaxremat._api.advice import (warn_as_written, warn_if_coarse, warn_if_rematerialised,
                                   warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
+from jaxremat._api.finer import FINER_GAIN, FINER_LEVELS, finer_note, plan_finer
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
 from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method, check_holds_inputs,
@@ -34,7 +35,7 @@ def apply(
     method: str = "optimal",
     budget_bytes: int | float | None = None,
     plan: Plan | None = None,
-    layer_depth: int | None = None,
+    layer_depth: int | str | None = None,
     refine: bool = True,
     verify: bool | None = None,
     calibrate: bool = False,
@@ -63,6 +64,11 @@ def apply(
       children, 2: theirs). Default: the root module's children, each split into its own
       children where it makes a large share of the activation bytes and the layers stay
       a chain (the blocks inside an ``Encoder``); ``Remat.decomposition`` says why.
+      ``"search"``: those layers, then one level below them and, while XLA measures
+      less, a second (a transformer's blocks split into their attention and MLP,
+      planned as a graph); each level's optimal plan compiled once (after the default
+      confirm, or ``verify=True``), the least kept when it is at least 1% below the
+      level above. A scanned stack stays at the layers found.
     refine: for ``method="optimal"`` on a chain, improve model R's optimum by local
       search on the backend's estimate of XLA's footprint (``predict_total_bytes``).
     verify: compile the training step (``jax.grad`` of ``loss_fn``) for the chosen plan and
@@ -139,6 +145,11 @@ def apply(
   checks.check_arrays("batch", batch)
   checks.check_options(plan, layer_depth)
   budget = checks.check_budget(budget_bytes) if budget_bytes is not None else None
+  search = layer_depth == checks.SEARCH
+  if search:
+    checks.check_search(plan, method, budget, verify)
+    layer_depth = None
+  assert not isinstance(layer_depth, str)
   if budget is not None:
     check_holds_inputs(budget, params, batch, model_kwargs, "budget_bytes",
                        "Raise the budget or shrink the batch.")
@@ -157,12 +168,13 @@ def apply(
 
   footprints: dict[tuple[Any, ...], int] = {}  # XLA's, by program: none compiled twice
 
-  def measured(plan: Plan, traced: TracedChain = traced, scans: tuple[ScanPlan, ...] = ()) -> int:
+  def measured(plan: Plan, traced: TracedChain = traced, scans: tuple[ScanPlan, ...] = (),
+               depth: int | None = layer_depth) -> int:
     program = (plan.checkpoints, plan.inner, tuple((s.layer, s.segment) for s in scans
-                                                   if s.rematerialised))
+                                                   if s.rematerialised), depth)
     if program not in footprints:
       with clock("compile"):
-        drop_in = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
+        drop_in = DropIn(model_fn, plan, depth, traced, key, _segments(scans))
         footprints[program] = step_bytes(drop_in, model_kwargs, params, batch, resolved,
                                          loss_fn)
     return footprints[program]
@@ -192,6 +204,18 @@ def apply(
   chosen = plan is None
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
+  decomposition = traced.decomposition
+  if search and not scans and verified:
+    coarse = least = min(verified.values())
+    for _ in range(FINER_LEVELS):  # one level down while XLA measures less
+      with clock("solve"):
+        finer = plan_finer(model_fn, params, batch, model_kwargs, traced, calibrate, resolved,
+                           refine, lambda p, t, d: measured(p, t, (), d))
+      if finer is None or finer.footprint >= least * (1 - FINER_GAIN):
+        break
+      traced, planner, plan, layer_depth = finer.traced, finer.planner, finer.plan, finer.depth
+      least, verified = finer.footprint, {plan.checkpoints: finer.footprint}
+      decomposition = finer_note(finer, coarse)
   as_written = None
   # Compiled plans, all of jaxremat's choosing: never return one above the model as written.
   if chosen and budget is None and verified and scan_segment in ("auto", None):
@@ -214,7 +238,7 @@ def apply(
   return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],
                fixed_bytes=planner.fixed_bytes, verified=verified, scans=scans,
                as_written_bytes=as_written,
-               decomposition=traced.decomposition, stage_seconds=dict(clock.seconds),
+               decomposition=decomposition, stage_seconds=dict(clock.seconds),
                target=resolved.name if resolved else None, _planner=planner)
 
 

@@ -114,16 +114,38 @@ def check_arrays(what: str, tree: Any) -> None:
 PROFILES = ("jaxpr", "compiled")
 
 
-def check_options(plan: Any, layer_depth: Any) -> None:
+#: ``layer_depth`` of ``apply`` that compares the layers found with those one and two
+#: levels below them.
+SEARCH = "search"
+
+
+def check_options(plan: Any, layer_depth: Any, search: bool = True) -> None:
+  """``plan`` a ``Plan`` or None; ``layer_depth`` None, an int >= 0 or (``search``)
+  ``SEARCH``."""
   if plan is not None and not isinstance(plan, Plan):
     raise InvalidArgumentError(
         f"plan must be a jaxremat.Plan, got {type(plan).__name__} {plan!r}; wrap the "
         "checkpoint indices, e.g. plan=jaxremat.Plan(checkpoints=(2, 5)).")
+  if search and layer_depth == SEARCH:
+    return
   if layer_depth is not None and (isinstance(layer_depth, bool) or not isinstance(layer_depth, int)
                                   or layer_depth < 0):
+    also = f" or {SEARCH!r} (jaxremat.apply: compare deeper layers by compiling)" if search else ""
     raise InvalidArgumentError(
-        f"layer_depth must be None or an int >= 0 (0: the root module, 1: its children, "
-        f"...), got {layer_depth!r}.")
+        f"layer_depth must be None, an int >= 0 (0: the root module, 1: its children, "
+        f"...){also}, got {layer_depth!r}.")
+
+
+def check_search(plan: Any, method: str, budget: int | None, verify: bool | None) -> None:
+  """``layer_depth="search"`` compiles the optimal plan of each depth to compare them."""
+  given = ("plan=" if plan is not None else "budget_bytes=" if budget is not None
+           else f"method={method!r}" if method != "optimal" else "verify=False"
+           if verify is False else None)
+  if given is not None:
+    raise InvalidArgumentError(
+        f"layer_depth={SEARCH!r} compiles the optimal plan at the layers found and one "
+        f"and two levels below them, and keeps what XLA measures least; it does not "
+        f"take {given}. Drop it, or pass an int layer_depth.")
 
 
 def default_profile(target: Any, backend: str) -> str:

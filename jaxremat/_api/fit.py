@@ -194,6 +194,7 @@ def fit(
   checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
+  checks.check_options(None, layer_depth, search=False)
   check_memory_budget(memory_budget)
   if not is_share(memory_budget):  # bytes
     check_holds_inputs(int(memory_budget), params, batch, model_kwargs, "memory_budget",

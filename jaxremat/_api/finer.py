@@ -1,0 +1,71 @@
+"""``layer_depth="search"``: the plan one name-stack level below the layers (a
+transformer's blocks split into their attention and MLP), kept when XLA measures it
+smaller."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+from jaxremat._api.planner import Planner, fmt_bytes, make_planner
+from jaxremat._backends.targets import Target
+from jaxremat._errors import JaxrematError
+from jaxremat._jaxpr.trace import TracedChain, trace
+from jaxremat._model.chain import Plan
+
+#: The finer plan is kept when XLA measures it at least this share below the least
+#: footprint of the plans compiled at the chosen layers.
+FINER_GAIN = 0.01
+#: Levels below the layers found first that the search tries at most, one at a time
+#: while each measures less than the last.
+FINER_LEVELS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Finer:
+  """The finer layers, their planner and plan, the ``layer_depth`` that traces them, and
+  XLA's footprint of the plan (bytes)."""
+
+  traced: TracedChain
+  planner: Planner
+  plan: Plan
+  depth: int
+  footprint: int
+
+
+def finer_depth(traced: TracedChain) -> int:
+  """One name-stack level below the deepest module that is a layer (components below the
+  root: ``encoder/block_0`` is 2, so 3)."""
+  depths = [len(parts) - parts[-1].startswith("(")
+            for layer in traced.layers
+            if (parts := re.sub(r"#\d+$", "", layer.name).split("/"))]
+  return max(depths, default=0) + 1
+
+
+def plan_finer(model_fn: Callable[..., Any], params: Any, batch: Any,
+               model_kwargs: dict[str, Any], traced: TracedChain, calibrate: bool,
+               target: Target | None, refine: bool,
+               measured: Callable[[Plan, TracedChain, int], int]) -> Finer | None:
+  """The optimal plan one level below ``traced``'s layers (``finer_depth``), planned
+  with the estimate (as a graph where a block's skip then spans layers) and compiled
+  (``measured(plan, traced, layer_depth)``: XLA's footprint, bytes). None when that
+  level has no more layers, or jaxremat cannot trace or plan it."""
+  depth = finer_depth(traced)
+  try:
+    finer = trace(model_fn, params, batch, model_kwargs, depth)
+    if len(finer.layers) <= len(traced.layers):
+      return None
+    planner = make_planner(finer, (), params, batch, model_kwargs, calibrate, target)
+    plan = planner.solve("optimal", refine)
+  except JaxrematError:
+    return None
+  return Finer(finer, planner, plan, depth, measured(plan, finer, depth))
+
+
+def finer_note(finer: Finer, coarse_bytes: int) -> str:
+  """What ``Remat.decomposition`` says of finer layers kept over ``coarse_bytes``."""
+  return (f"{finer.traced.decomposition}: below the layers found first "
+          f"(layer_depth='search'), as XLA measured them: {fmt_bytes(finer.footprint)} "
+          f"against {fmt_bytes(coarse_bytes)}")
