@@ -8,7 +8,8 @@ lm1b-like LM whose blocks sit in a ``Decoder`` and read a mask built at the root
 in stages, an ``nn.scan`` stack in a child, an nnx MiniGPT in an ``nnx.Sequential`` or an
 ``nnx.List``): the layers default ``apply`` finds (count and its decomposition sentence),
 XLA's footprint of the gradient step under default ``apply``, under ``layer_depth=1``
-(the root's children, the previous default), without remat, with every block
+(the root's children, the previous default), under ``layer_depth="search"`` (and its
+wall time), without remat, with every block
 rematerialised the framework's way (``nn.remat`` / ``nnx.remat``), and under the best
 checkpoint-every-k plan over the layers default ``apply`` chose (every k compiled), and
 ``apply``'s own wall time. Writes JSON and a markdown table next to it.
@@ -42,6 +43,9 @@ def run_model(name: str, size: str) -> dict:
   r = rm.apply(case, model, variables)
   apply_seconds = time.perf_counter() - start
   flat = rm.apply(case, model, variables, layer_depth=1)
+  start = time.perf_counter()
+  search = rm.apply(case, model, variables, layer_depth="search")
+  search_seconds = time.perf_counter() - start
   remat_model, remat_variables = rm.init(case, remat=True)
   n = r.chain.n
   uniform = {k: rm.footprint(case, rm.apply(case, model, variables, plan=uniform_plan(n, k)).fn,
@@ -53,6 +57,9 @@ def run_model(name: str, size: str) -> dict:
       "apply_seconds": round(apply_seconds, 2),
       "apply_bytes": rm.footprint(case, r.fn, model, variables),
       "predicted_bytes": r.predicted_total_bytes,
+      "search_bytes": rm.footprint(case, search.fn, model, variables),
+      "search_decomposition": search.decomposition,
+      "search_seconds": round(search_seconds, 2),
       "flat_layers": flat.chain.n,
       "flat_bytes": rm.footprint(case, flat.fn, model, variables),
       "none_bytes": rm.footprint(case, rm.plain_call(case, model), model, variables),
@@ -66,7 +73,8 @@ def run_model(name: str, size: str) -> dict:
 def markdown(rows: list[dict]) -> str:
   mib = 2**20
   columns = ("model", "layers found", "default apply MiB", "layer_depth=1 MiB", "no remat MiB",
-             "per-block remat MiB", "best uniform MiB (k)", "default vs per-block", "apply s")
+             "per-block remat MiB", "best uniform MiB (k)", "default vs per-block", "apply s",
+             "layer_depth='search' MiB (s)")
   lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
   for r in rows:
     lines.append(
@@ -75,9 +83,12 @@ def markdown(rows: list[dict]) -> str:
         f"| {r['none_bytes'] / mib:.2f} | {r['per_block_bytes'] / mib:.2f} "
         f"| {r['best_uniform_bytes'] / mib:.2f} ({r['best_uniform_k']}) "
         f"| {100 * (r['apply_bytes'] / r['per_block_bytes'] - 1):+.1f}% "
-        f"| {r['apply_seconds']:.1f} |")
+        f"| {r['apply_seconds']:.1f} "
+        f"| {r['search_bytes'] / mib:.2f} ({r['search_seconds']:.1f}) |")
   lines += ["", "Decompositions chosen by default `apply`:", ""]
   lines += [f"- {r['model']}: {r['decomposition']}" for r in rows]
+  lines += ["", "With `layer_depth='search'`:", ""]
+  lines += [f"- {r['model']}: {r['search_decomposition']}" for r in rows]
   return "\n".join(lines) + "\n"
 
 

@@ -59,8 +59,7 @@ def group(eqns: Sequence[Any], layer_depth: int) -> list[Group]:
   keyed = _keyed(eqns, stacks, layer_depth, frozenset())
   modules = {key[1:] for key, _ in keyed if key[0] == "" and len(key) > 2}  # not the root
   parents = {s[:n] for s in stacks for n in range(1, len(s))}
-  return _named(keyed, 1 if layer_depth else 0, prefix_outside=True,
-                leaves=frozenset(modules - parents))
+  return _named(keyed, 1 if layer_depth else 0, frozenset(modules - parents))
 
 
 def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
@@ -98,7 +97,7 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     """The layers with the modules of ``expanded`` split, their modules, and whether the
     layers of ``split`` form a chain with the layer before them (a graph's splits)."""
     keyed = _keyed(eqns, stacks, depth, expanded)
-    groups = _named(keyed, depth, prefix_outside=True)
+    groups = _named(keyed, depth)
     prelude, groups, moved = hoist_values(groups, invariant, batch_vars, param_vars,
                                           HOIST_SHARE * total)
     known = invariant | {v for e in prelude for v in e.outvars}
@@ -231,12 +230,12 @@ def _keyed(eqns: Sequence[Any], stacks: Sequence[Key], depth: int,
   return groups
 
 
-def _named(keyed: list[tuple[Key, list]], drop: int, prefix_outside: bool,
+def _named(keyed: list[tuple[Key, list]], drop: int,
            leaves: frozenset = frozenset()) -> list[Group]:
   """Names each group by its module path less the first ``drop`` components (the implied
-  root); a group outside any child by its primitives, after its module's path when
-  ``prefix_outside``, or by its module's path when that module is in ``leaves`` (it
-  has no child: a ``Conv`` above ``layer_depth``); repeated names get ``#2``, ``#3``."""
+  root); a group outside any child by its primitives after its module's path, or by
+  that path alone when the module is in ``leaves`` (it has no child: a ``Conv`` above a
+  fixed ``layer_depth``); repeated names get ``#2``, ``#3``."""
   named = []
   seen: dict[str, int] = {}
   for key, eqns in keyed:
@@ -246,7 +245,7 @@ def _named(keyed: list[tuple[Key, list]], drop: int, prefix_outside: bool,
       prims = list(dict.fromkeys(_eqn_label(e) for e in eqns))
       name = _scanned_module(eqns) or (
           "(" + ",".join(prims[:3]) + (",..." if len(prims) > 3 else "") + ")")
-      where = "/".join(key[1 + drop:]) if prefix_outside else ""
+      where = "/".join(key[1 + drop:])
       name = f"{where}/{name}" if where else name
     else:
       name = "/".join(key[drop:])
