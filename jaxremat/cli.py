@@ -137,8 +137,13 @@ def load_model(spec: str) -> Any:
   return model
 
 
+def _layer_depth(text: str) -> int | str:
+  """``--layer-depth``: an int, or ``search``."""
+  return text if text == "search" else int(text)
+
+
 def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
-             budget_bytes: int | None, layer_depth: int | None = None,
+             budget_bytes: int | None, layer_depth: int | str | None = None,
              model_kwargs: dict[str, Any] | None = None, rngs: Sequence[str] = (),
              verify: bool | None = None,
              target: str | None = None) -> tuple[jaxremat.Remat, dict[str, Any]]:
@@ -235,9 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   plan.add_argument("--dtype", default="float32")
   plan.add_argument("--method", default="optimal")
   plan.add_argument("--budget", type=float, default=None, help="whole-step budget in bytes")
-  plan.add_argument("--layer-depth", type=int, default=None,
+  plan.add_argument("--layer-depth", type=_layer_depth, default=None,
                     help="name-stack depth of a layer (default: found automatically, the "
-                    "root module's children split where they are large)")
+                    "root module's children split where they are large), or 'search': "
+                    "also plan one and two levels below and keep what XLA measures least")
   plan.add_argument("--model-kwargs", default="{}",
                     help='JSON keyword arguments for model.apply, e.g. \'{"train": true}\'')
   plan.add_argument("--rngs", default="",

@@ -102,7 +102,11 @@ def test_plan_takes_a_local_module_layer_depth_and_model_kwargs(tmp_path, monkey
   deeper = [layer["name"] for layer in json.loads(capsys.readouterr().out)["layers"]]
   assert len(deeper) > 4 and any(n.startswith("block0/") for n in deeper)
   assert cli.main(args) == 0  # the default decomposition, whatever it chose, is reported
-  assert json.loads(capsys.readouterr().out)["decomposition"]
+  default = json.loads(capsys.readouterr().out)["decomposition"]
+  assert default
+  assert cli.main([*args, "--layer-depth", "search"]) == 0  # deeper only if XLA measured less
+  searched = json.loads(capsys.readouterr().out)["decomposition"]
+  assert searched == default or "(layer_depth='search'), as XLA measured them" in searched
 
 
 def test_plan_says_what_is_wrong_with_the_module_or_kwargs(capsys):
