@@ -220,7 +220,7 @@ def _bench_command(args: argparse.Namespace) -> int:
 
 def _as_flags(message: str) -> str:
   """``layer_depth=N`` and ``budget_bytes=`` in a message as the plan command's flags."""
-  message = re.sub(r"\blayer_depth=(\d+)", r"--layer-depth \1", message)
+  message = re.sub(r"\blayer_depth='?(\d+|search)'?", r"--layer-depth \1", message)
   return message.replace("layer_depth=", "--layer-depth").replace("budget_bytes=", "--budget")
 
 

@@ -453,3 +453,11 @@ def test_drop_in_takes_a_bfloat16_batch_and_params_through_unnamed_layers():
   got = jax.grad(lambda p: jnp.sum(r.fn(p, cast[1]).astype(jnp.float32) ** 2))(cast[0])
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2)
+
+
+@pytest.mark.parametrize("option", [{"plan": jaxremat.Plan((1,))}, {"method": "sqrt"},
+                                    {"verify": False}])
+def test_layer_depth_search_names_the_option_it_does_not_take(option):
+  given = next(iter(option))
+  with pytest.raises(jaxremat.InvalidArgumentError, match=f"does not take {given}"):
+    apply_mlp(layer_depth="search", **option)

@@ -68,7 +68,8 @@ def apply(
       less, a second (a transformer's blocks split into their attention and MLP,
       planned as a graph); each level's optimal plan compiled once (after the default
       confirm, or ``verify=True``), the least kept when it is at least 1% below the
-      level above. A scanned stack stays at the layers found.
+      level above. Not with ``plan``, ``budget_bytes``, another ``method`` or
+      ``verify=False``; a model whose scanned stack is segmented is not searched.
     refine: for ``method="optimal"`` on a chain, improve model R's optimum by local
       search on the backend's estimate of XLA's footprint (``predict_total_bytes``).
     verify: compile the training step (``jax.grad`` of ``loss_fn``) for the chosen plan and
@@ -143,7 +144,7 @@ def apply(
   checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
-  checks.check_options(plan, layer_depth)
+  checks.check_options(plan, layer_depth, allow_search=True)
   budget = checks.check_budget(budget_bytes) if budget_bytes is not None else None
   search = layer_depth == checks.SEARCH
   if search:
@@ -204,8 +205,10 @@ def apply(
   chosen = plan is None
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
-  decomposition = traced.decomposition
-  if search and not scans and verified:
+  # The layers found first answer for the model as written; a search may plan deeper ones.
+  first, planned_depth, decomposition = planner, layer_depth, traced.decomposition
+  if search and not scans:
+    assert verified  # check_search: the plan was confirmed or verified
     coarse = least = min(verified.values())
     for _ in range(FINER_LEVELS):  # one level down while XLA measures less
       with clock("solve"):
@@ -213,20 +216,21 @@ def apply(
                            refine, lambda p, t, d: measured(p, t, (), d))
       if finer is None or finer.footprint >= least * (1 - FINER_GAIN):
         break
-      traced, planner, plan, layer_depth = finer.traced, finer.planner, finer.plan, finer.depth
+      traced, planner, plan, planned_depth = finer.traced, finer.planner, finer.plan, finer.depth
       least, verified = finer.footprint, {plan.checkpoints: finer.footprint}
       decomposition = finer_note(finer, coarse)
   as_written = None
   # Compiled plans, all of jaxremat's choosing: never return one above the model as written.
   if chosen and budget is None and verified and scan_segment in ("auto", None):
-    if isinstance(planner, ChainPlanner) and planner.replay and planner.replay.plain_bytes:
-      as_written = planner.replay.plain_bytes  # the compiled profile compiled it
+    if isinstance(first, ChainPlanner) and first.replay and first.replay.plain_bytes:
+      as_written = first.replay.plain_bytes  # the compiled profile compiled it
     else:
       as_written = measured(Plan(), written)
     least = verified.get(plan.checkpoints, min(verified.values()))
     if as_written < least or (as_written == least and (plan.checkpoints or scans)):
       warn_as_written(as_written, least)  # a plan no smaller than no plan only recomputes
       plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
+      planner, planned_depth, decomposition = first, layer_depth, written.decomposition
   if chosen and method != "none" and not scans and plan.method != AS_WRITTEN:
     warn_one_layer(traced)
     if not plan.checkpoints and len(traced.layers) > 1:
@@ -234,7 +238,7 @@ def apply(
   if chosen and method == "optimal" and plan.method != AS_WRITTEN:
     warn_if_coarse(planner, plan, traced)
   with clock("emit"):
-    fn = DropIn(model_fn, plan, layer_depth, traced, key, _segments(scans))
+    fn = DropIn(model_fn, plan, planned_depth, traced, key, _segments(scans))
   return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],
                fixed_bytes=planner.fixed_bytes, verified=verified, scans=scans,
                as_written_bytes=as_written,

@@ -119,33 +119,35 @@ PROFILES = ("jaxpr", "compiled")
 SEARCH = "search"
 
 
-def check_options(plan: Any, layer_depth: Any, search: bool = True) -> None:
-  """``plan`` a ``Plan`` or None; ``layer_depth`` None, an int >= 0 or (``search``)
-  ``SEARCH``."""
+def check_options(plan: Any, layer_depth: Any, allow_search: bool = False) -> None:
+  """``plan`` a ``Plan`` or None; ``layer_depth`` None, an int >= 0 or (``allow_search``,
+  ``apply``'s) ``SEARCH``."""
   if plan is not None and not isinstance(plan, Plan):
     raise InvalidArgumentError(
         f"plan must be a jaxremat.Plan, got {type(plan).__name__} {plan!r}; wrap the "
         "checkpoint indices, e.g. plan=jaxremat.Plan(checkpoints=(2, 5)).")
-  if search and layer_depth == SEARCH:
+  if allow_search and layer_depth == SEARCH:
     return
   if layer_depth is not None and (isinstance(layer_depth, bool) or not isinstance(layer_depth, int)
                                   or layer_depth < 0):
-    also = f" or {SEARCH!r} (jaxremat.apply: compare deeper layers by compiling)" if search else ""
+    also = (f" or {SEARCH!r} (compare deeper layers by compiling)" if allow_search
+            else f" ({SEARCH!r} is jaxremat.apply's)")
     raise InvalidArgumentError(
         f"layer_depth must be None, an int >= 0 (0: the root module, 1: its children, "
         f"...){also}, got {layer_depth!r}.")
 
 
 def check_search(plan: Any, method: str, budget: int | None, verify: bool | None) -> None:
-  """``layer_depth="search"`` compiles the optimal plan of each depth to compare them."""
-  given = ("plan=" if plan is not None else "budget_bytes=" if budget is not None
-           else f"method={method!r}" if method != "optimal" else "verify=False"
-           if verify is False else None)
-  if given is not None:
+  """``layer_depth="search"`` compiles the optimal plan of each depth to compare them:
+  no ``plan``, ``budget``, other ``method`` or ``verify=False``."""
+  refused = [("plan=", plan is not None), ("budget_bytes=", budget is not None),
+             (f"method={method!r}", method != "optimal"), ("verify=False", verify is False)]
+  given = [name for name, present in refused if present]
+  if given:
     raise InvalidArgumentError(
         f"layer_depth={SEARCH!r} compiles the optimal plan at the layers found and one "
         f"and two levels below them, and keeps what XLA measures least; it does not "
-        f"take {given}. Drop it, or pass an int layer_depth.")
+        f"take {given[0]}. Drop it, or pass an int layer_depth.")
 
 
 def default_profile(target: Any, backend: str) -> str:

@@ -60,10 +60,16 @@ def _kwargs_text(kwargs_key: InputKey) -> str:
 
 
 def _same_layers(names: tuple[str, ...], planned: tuple[str, ...]) -> bool:
-  """The same layers, one for one: modules by name; work outside any module, named by its
-  primitives (``(reduce_sum,div)``), by place (a cast adds a primitive to its name)."""
+  """The same layers, one for one: modules by name; a module's work outside its children,
+  named by its primitives after the module's path (``decoder/(reduce_sum,div)``), by the
+  path and place (a cast adds a primitive to its name)."""
+  def outside(name: str) -> tuple[str, bool]:
+    path, _, last = name.rpartition("/")
+    return path, last.startswith("(")
+
   return len(names) == len(planned) and all(
-      a == b or (a.startswith("(") and b.startswith("(")) for a, b in zip(names, planned))
+      a == b or (outside(a)[1] and outside(b)[1] and outside(a)[0] == outside(b)[0])
+      for a, b in zip(names, planned))
 
 
 class DropIn:

@@ -5,13 +5,14 @@ smaller."""
 from __future__ import annotations
 
 import dataclasses
-import re
+import os
 from collections.abc import Callable
 from typing import Any
 
 from jaxremat._api.planner import Planner, fmt_bytes, make_planner
 from jaxremat._backends.targets import Target
 from jaxremat._errors import JaxrematError
+from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.trace import TracedChain, trace
 from jaxremat._model.chain import Plan
 
@@ -36,12 +37,12 @@ class Finer:
 
 
 def finer_depth(traced: TracedChain) -> int:
-  """One name-stack level below the deepest module that is a layer (components below the
-  root: ``encoder/block_0`` is 2, so 3)."""
-  depths = [len(parts) - parts[-1].startswith("(")
-            for layer in traced.layers
-            if (parts := re.sub(r"#\d+$", "", layer.name).split("/"))]
-  return max(depths, default=0) + 1
+  """The ``layer_depth`` one name-stack level below the deepest module that is a layer:
+  the length of the name stack its equations share (``ViT/Transformer/encoderblock_0``
+  is 3, and ``layer_depth=3`` makes that block's children layers)."""
+  shared = [len(os.path.commonprefix([_compat.name_stack(e) for e in layer.eqns]))
+            for layer in traced.layers if layer.eqns]
+  return max(shared, default=0)
 
 
 def plan_finer(model_fn: Callable[..., Any], params: Any, batch: Any,
@@ -49,7 +50,7 @@ def plan_finer(model_fn: Callable[..., Any], params: Any, batch: Any,
                target: Target | None, refine: bool,
                measured: Callable[[Plan, TracedChain, int], int]) -> Finer | None:
   """The optimal plan one level below ``traced``'s layers (``finer_depth``), planned
-  with the estimate (as a graph where a block's skip then spans layers) and compiled
+  with the jaxpr estimate (as a graph where a block's skip then spans layers) and compiled
   (``measured(plan, traced, layer_depth)``: XLA's footprint, bytes). None when that
   level has no more layers, or jaxremat cannot trace or plan it."""
   depth = finer_depth(traced)
@@ -59,9 +60,9 @@ def plan_finer(model_fn: Callable[..., Any], params: Any, batch: Any,
       return None
     planner = make_planner(finer, (), params, batch, model_kwargs, calibrate, target)
     plan = planner.solve("optimal", refine)
-  except JaxrematError:
+    return Finer(finer, planner, plan, depth, measured(plan, finer, depth))
+  except JaxrematError:  # that level cannot be planned: the layers found first stand
     return None
-  return Finer(finer, planner, plan, depth, measured(plan, finer, depth))
 
 
 def finer_note(finer: Finer, coarse_bytes: int) -> str:

@@ -158,7 +158,8 @@ def fit(
 
   Args:
     model_fn, params, batch, layer_depth, target, loss_fn, **model_kwargs: as for
-      ``apply``: with ``verify``, the budget holds for the step of ``loss_fn``.
+      ``apply`` (``layer_depth`` an int or None: ``"search"`` is ``apply``'s): with
+      ``verify``, the budget holds for the step of ``loss_fn``.
     memory_budget: the step's footprint allowed: a float in ``(0, 1]`` is a share of
       the activations (the footprint of the model as written less the fixed bytes; with
       ``verify=False`` and a scanned stack, of it segmented), on top of the fixed bytes;
@@ -194,7 +195,7 @@ def fit(
   checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
-  checks.check_options(None, layer_depth, search=False)
+  checks.check_options(None, layer_depth)
   check_memory_budget(memory_budget)
   if not is_share(memory_budget):  # bytes
     check_holds_inputs(int(memory_budget), params, batch, model_kwargs, "memory_budget",

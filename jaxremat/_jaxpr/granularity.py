@@ -57,7 +57,8 @@ def group(eqns: Sequence[Any], layer_depth: int) -> list[Group]:
   the root into named layers (the fixed ``layer_depth`` of ``jaxremat.apply``)."""
   stacks = [_compat.name_stack(e) for e in eqns]
   keyed = _keyed(eqns, stacks, layer_depth, frozenset())
-  modules = {key[1:] for key, _ in keyed if key[0] == "" and len(key) > 2}  # not the root
+  # a module's own work, below the root's (whose ops keep their primitives' names)
+  modules = {key[1:] for key, _ in keyed if key[0] == "" and len(key) > 2}
   parents = {s[:n] for s in stacks for n in range(1, len(s))}
   return _named(keyed, 1 if layer_depth else 0, frozenset(modules - parents))
 
