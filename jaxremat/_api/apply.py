@@ -11,7 +11,8 @@ from jaxremat._api import checks
 from jaxremat._api.advice import (warn_as_written, warn_if_coarse, warn_if_rematerialised,
                                   warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
-from jaxremat._api.finer import FINER_GAIN, FINER_LEVELS, finer_note, plan_finer
+from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_finer,
+                                 searched_note)
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
 from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method, check_holds_inputs,
@@ -207,14 +208,18 @@ def apply(
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
   # The layers found first answer for the model as written; a search may plan deeper ones.
   first, planned_depth, decomposition = planner, layer_depth, traced.decomposition
-  if search and not scans:
+  if search and scans:
+    decomposition += "; layer_depth='search': not searched below a segmented scanned stack"
+  elif search:
     assert verified  # check_search: the plan was confirmed or verified
     coarse = least = min(verified.values())
-    for _ in range(FINER_LEVELS):  # one level down while XLA measures less
+    for level in range(FINER_LEVELS):  # one level down while XLA measures less
       with clock("solve"):
         finer = plan_finer(model_fn, params, batch, model_kwargs, traced, calibrate, resolved,
                            refine, lambda p, t, d: measured(p, t, (), d))
       if finer is None or finer.footprint >= least * (1 - FINER_GAIN):
+        if level == 0:
+          decomposition += searched_note(finer, least)
         break
       traced, planner, plan, planned_depth = finer.traced, finer.planner, finer.plan, finer.depth
       least, verified = finer.footprint, {plan.checkpoints: finer.footprint}

@@ -70,3 +70,13 @@ def finer_note(finer: Finer, coarse_bytes: int) -> str:
   return (f"{finer.traced.decomposition}: below the layers found first "
           f"(layer_depth='search'), as XLA measured them: {fmt_bytes(finer.footprint)} "
           f"against {fmt_bytes(coarse_bytes)}")
+
+
+def searched_note(finer: Finer | None, least_bytes: int) -> str:
+  """What ``Remat.decomposition`` adds when the search keeps the layers found first
+  (``least_bytes``: XLA's least footprint over them; ``finer``: the level below, if
+  any)."""
+  if finer is None:
+    return "; layer_depth='search': no level below to plan"
+  return (f"; layer_depth='search': one level below measured {fmt_bytes(finer.footprint)} "
+          f"against {fmt_bytes(least_bytes)}, these layers kept")
