@@ -63,12 +63,12 @@ def _same_layers(names: tuple[str, ...], planned: tuple[str, ...]) -> bool:
   """The same layers, one for one: modules by name; a module's work outside its children,
   named by its primitives after the module's path (``decoder/(reduce_sum,div)``), by the
   path and place (a cast adds a primitive to its name)."""
-  def outside(name: str) -> tuple[str, bool]:
+  def outside(name: str) -> str | None:  # the module's path, for its own work; else None
     path, _, last = name.rpartition("/")
-    return path, last.startswith("(")
+    return path if last.startswith("(") else None
 
   return len(names) == len(planned) and all(
-      a == b or (outside(a)[1] and outside(b)[1] and outside(a)[0] == outside(b)[0])
+      a == b or (outside(a) is not None and outside(a) == outside(b))
       for a, b in zip(names, planned))
 
 
