@@ -148,11 +148,12 @@ def test_report_lists_cuts_and_strategies(zoo_model):
 def test_graph_budget_takes_the_least_recompute_within_it(zoo_model):
   """Model G's budget plan: within the budget, and no plan within it recomputes less."""
   _, model, params, x = zoo_model
-  r = jaxremat.apply(model.apply, params, x, verify=False)  # model G's optimum
+  r = jaxremat.apply(model.apply, params, x, verify=False, profile="jaxpr")  # model G's optimum
   least = r.predicted_total_bytes
   none = r.predict_total_bytes(jaxremat.Plan(()))
   budget = (least + none) // 2
-  fitted = jaxremat.apply(model.apply, params, x, budget_bytes=budget, verify=False)
+  fitted = jaxremat.apply(model.apply, params, x, budget_bytes=budget, verify=False,
+                          profile="jaxpr")
   assert fitted.is_graph and fitted.predicted_total_bytes <= budget
   n = r.chain.n
   within = [jaxremat.Plan(c) for k in range(n) for c in itertools.combinations(range(1, n), k)

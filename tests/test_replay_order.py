@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from jaxremat._backends.replay import Replay, Value
+from jaxremat._backends.replay import Replay, Value, chain_kept
 
 
 def _replay() -> Replay:
@@ -12,8 +12,8 @@ def _replay() -> Replay:
   (100 bytes) is read by layer 1 in the forward and by that weight gradient."""
   return Replay(
       values=(Value(0, 6, 100, True, 1), Value(5, 5, 1000, True, None)),
-      turn=3, forward_layer=(0, 1, 2), backward_layer=(2, 1, 0, 1), act_bytes=(0, 100, 10, 0),
-      fixed_bytes=7)
+      turn=3, forward_layer=(0, 1, 2), backward_layer=(2, 1, 0, 1),
+      kept=chain_kept((0, 100, 10, 0)), layers=3, fixed_bytes=7)
 
 
 def test_a_recomputed_segment_runs_each_layer_backward_whole():
@@ -73,7 +73,7 @@ def test_a_value_the_batch_does_not_feed_is_made_where_a_recomputed_segment_read
   # the recomputed segment of plan (2,) XLA makes them where layer 0 first reads them.
   bits = Value(0, 6, 500, True, 1, first_read=1)
   r = Replay(values=(bits,), turn=4, forward_layer=(0, 0, 1, 2), backward_layer=(2, 1, 0),
-             act_bytes=(0, 100, 10, 0), fixed_bytes=7)
+             kept=chain_kept((0, 100, 10, 0)), layers=3, fixed_bytes=7)
   plain = dataclasses.replace(r, values=(dataclasses.replace(bits, first_read=None),))
   assert r.intervals(()) == plain.intervals(()) == [(0, 6, 500)]
   # the forward piece, then the recompute's (plan (2,): layers 0-1 recomputed at 5-7)

@@ -15,8 +15,7 @@ from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_fine
                                  searched_note)
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
-from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method, check_holds_inputs,
-                                   make_planner)
+from jaxremat._api.planner import Planner, check_budget_method, check_holds_inputs, make_planner
 from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
@@ -193,11 +192,12 @@ def apply(
                                   nearby=verify is None)
     traced, scans = _scan.rewrite(traced, segment)
 
-  def compiled(act_bytes: tuple[int, ...]) -> Replay:  # the compiled profile
+  def compiled(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:  # the compiled profile
     loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
-    return compile_replay(traced, loss, params, batch, act_bytes, resolved, arrays)
+    return compile_replay(layers, loss, params, batch, kept, resolved, arrays)
 
-  replayed = (profile or checks.default_profile(resolved, jax.default_backend())) == "compiled"
+  replayed = (profile or checks.default_profile(resolved, jax.default_backend(),
+                                                traced.is_graph)) == "compiled"
   with clock("profile"):
     planner = make_planner(traced, scans, params, batch, model_kwargs, calibrate,
                            resolved, compiled if replayed else None,
@@ -216,18 +216,18 @@ def apply(
     for level in range(FINER_LEVELS):  # one level down while XLA measures less
       with clock("solve"):
         finer = plan_finer(model_fn, params, batch, model_kwargs, traced, calibrate, resolved,
-                           refine, lambda p, t, d: measured(p, t, (), d))
+                           refine, lambda p, t, d: measured(p, t, (), d), compiled, profile)
       if finer is None or finer.footprint >= least * (1 - FINER_GAIN):
         if level == 0:
           decomposition += searched_note(finer, least)
         break
       traced, planner, plan, planned_depth = finer.traced, finer.planner, finer.plan, finer.depth
-      least, verified = finer.footprint, {plan.checkpoints: finer.footprint}
+      least, verified = finer.footprint, finer.compiled
       decomposition = finer_note(finer, coarse)
   as_written = None
   # Compiled plans, all of jaxremat's choosing: never return one above the model as written.
   if chosen and budget is None and verified and scan_segment in ("auto", None):
-    if isinstance(first, ChainPlanner) and first.replay and first.replay.plain_bytes:
+    if first.replay and first.replay.plain_bytes:
       as_written = first.replay.plain_bytes  # the compiled profile compiled it
     else:
       as_written = measured(Plan(), written)

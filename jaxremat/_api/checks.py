@@ -150,11 +150,12 @@ def check_search(plan: Any, method: str, budget: int | None, verify: bool | None
         f"take {given[0]}. Drop it, or pass an int layer_depth.")
 
 
-def default_profile(target: Any, backend: str) -> str:
+def default_profile(target: Any, backend: str, graph: bool = False) -> str:
   """The profile used when none is given: the compiled one for a GPU, named as ``target``
   or local (``backend``, ``jax.default_backend()``), where the jaxpr rules were never
-  fitted; else the jaxpr estimate."""
-  return "compiled" if target is not None or backend == "gpu" else "jaxpr"
+  fitted, and for a ``graph`` of layers on any backend, where the jaxpr profile has only
+  model G; else the jaxpr estimate."""
+  return "compiled" if target is not None or backend == "gpu" or graph else "jaxpr"
 
 
 def check_profile(profile: Any) -> None:

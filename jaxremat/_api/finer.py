@@ -9,7 +9,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import jax
+from jaxremat._api.checks import default_profile
 from jaxremat._api.planner import Planner, fmt_bytes, make_planner
+from jaxremat._api.verify import confirm_plan
+from jaxremat._backends.replay import Replay
 from jaxremat._backends.targets import Target
 from jaxremat._errors import JaxrematError
 from jaxremat._jaxpr import compat as _compat
@@ -27,13 +31,18 @@ FINER_LEVELS = 2
 @dataclasses.dataclass(frozen=True)
 class Finer:
   """The finer layers, their planner and plan, the ``layer_depth`` that traces them, and
-  XLA's footprint of the plan (bytes)."""
+  XLA's footprint (bytes) of each plan compiled for them, by checkpoints."""
 
   traced: TracedChain
   planner: Planner
   plan: Plan
   depth: int
-  footprint: int
+  compiled: dict[tuple[int, ...], int]
+
+  @property
+  def footprint(self) -> int:
+    """XLA's footprint of the plan (bytes)."""
+    return self.compiled[self.plan.checkpoints]
 
 
 def finer_depth(traced: TracedChain) -> int:
@@ -48,19 +57,28 @@ def finer_depth(traced: TracedChain) -> int:
 def plan_finer(model_fn: Callable[..., Any], params: Any, batch: Any,
                model_kwargs: dict[str, Any], traced: TracedChain, calibrate: bool,
                target: Target | None, refine: bool,
-               measured: Callable[[Plan, TracedChain, int], int]) -> Finer | None:
-  """The optimal plan one level below ``traced``'s layers (``finer_depth``), planned
-  with the jaxpr estimate (as a graph where a block's skip then spans layers) and compiled
-  (``measured(plan, traced, layer_depth)``: XLA's footprint, bytes). None when that
-  level has no more layers, or jaxremat cannot trace or plan it."""
+               measured: Callable[[Plan, TracedChain, int], int],
+               compiled: Callable[[TracedChain, tuple[tuple[int, int, int], ...]], Replay],
+               profile: str | None) -> Finer | None:
+  """The optimal plan one level below ``traced``'s layers (``finer_depth``), planned (as
+  a graph where a block's skip then spans layers) with ``profile`` (by default as for
+  any layers, ``checks.default_profile``; ``compiled``: the replay of the plain step over
+  given layers), and confirmed as ``apply`` confirms its plan (``confirm_plan``: up to
+  three more plans compiled; ``measured(plan, traced, layer_depth)``: XLA's footprint,
+  bytes). None when that level has no more layers, or jaxremat cannot trace or plan
+  it."""
   depth = finer_depth(traced)
   try:
     finer = trace(model_fn, params, batch, model_kwargs, depth)
     if len(finer.layers) <= len(traced.layers):
       return None
-    planner = make_planner(finer, (), params, batch, model_kwargs, calibrate, target)
+    replayed = (profile or default_profile(target, jax.default_backend(), finer.is_graph)
+                ) == "compiled"
+    planner = make_planner(finer, (), params, batch, model_kwargs, calibrate, target,
+                           compiled if replayed else None)
     plan = planner.solve("optimal", refine)
-    return Finer(finer, planner, plan, depth, measured(plan, finer, depth))
+    plan, footprints = confirm_plan(planner, plan, lambda p: measured(p, finer, depth))
+    return Finer(finer, planner, plan, depth, footprints)
   except JaxrematError:  # that level cannot be planned: the layers found first stand
     return None
 

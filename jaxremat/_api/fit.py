@@ -242,9 +242,9 @@ def fit(
       footprint, steps[plan] = compile_step(jax.grad(loss), params, batch, arrays)
       return footprint.total_bytes
 
-  def replay(act_bytes: tuple[int, ...]) -> Replay:  # a GPU's compiled profile
+  def replay(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:  # a GPU's
     loss = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)[0]
-    return compile_replay(traced, loss, params, batch, act_bytes, resolved, arrays)
+    return compile_replay(layers, loss, params, batch, kept, resolved, arrays)
 
   with clock("profile"):  # as apply: the layer-boundary plans predicted alike
     planner = make_planner(traced, scans, params, batch, model_kwargs, False,

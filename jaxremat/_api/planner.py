@@ -13,7 +13,7 @@ from jaxremat._backends.graph_profile import profile_graph
 from jaxremat._backends.profile import Buffers, profile
 from jaxremat._backends.refine import MAX_LAYERS as MAX_REFINE_LAYERS
 from jaxremat._backends.refine import neighbours, refine
-from jaxremat._backends.replay import Replay
+from jaxremat._backends.replay import Replay, chain_kept
 from jaxremat._backends.targets import Target
 from jaxremat._errors import (InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError,
                               NotAChainError)
@@ -76,7 +76,7 @@ class ChainPlanner:
   def solve(self, method: str, refine_plan: bool = True) -> Plan:
     plan = solve(self.chain, method)
     if method == "optimal" and refine_plan:
-      plan = refine(self.chain, plan, self.temp_bytes)
+      plan = refine(self.chain.n, plan, self.temp_bytes, self.recompute_flops)
     return plan
 
   def solve_budget(self, budget_bytes: int) -> Plan:
@@ -134,7 +134,8 @@ class ChainPlanner:
   def budget_fallbacks(self) -> list[Plan]:
     """Plans to try when model R finds none within a budget that XLA may still meet."""
     least = solve(self.chain, "optimal")
-    return [refine(self.chain, least, self.temp_bytes), least, *self.best_uniform(3)]
+    return [refine(self.chain.n, least, self.temp_bytes, self.recompute_flops), least,
+            *self.best_uniform(3)]
 
   def best_uniform(self, count: int) -> list[Plan]:
     """The ``count`` checkpoint-every-k plans of least estimated footprint (beyond refine's
@@ -145,18 +146,7 @@ class ChainPlanner:
     return sorted(plans, key=self.temp_bytes)[:count]
 
   def near_ties(self, plan: Plan, count: int) -> list[Plan]:
-    """Up to ``count`` plans one checkpoint away from ``plan`` whose estimated temp bytes
-    are within ``_TIE`` of ``plan``'s, least estimate first (then least recompute): plans
-    the estimate cannot tell apart, which XLA's footprint can. None beyond refine's
-    ``MAX_LAYERS`` layers."""
-    n = self.chain.n
-    if n > MAX_REFINE_LAYERS or plan.is_nested:
-      return []
-    near = set(neighbours(plan.checkpoints, n))
-    limit = self.temp_bytes(plan) * (1 + _TIE)
-    keys = {c: (self.temp_bytes(Plan(c)), recompute_flops(self.chain, Plan(c))) for c in near}
-    ties = sorted((c for c in near if keys[c][0] <= limit), key=keys.__getitem__)
-    return [Plan(c) for c in ties[:count]]
+    return near_ties(self, plan, count)
 
   def ties(self, plan: Plan, count: int) -> list[Plan]:
     """Up to ``count`` plans the estimate cannot tell from ``plan``: the near ties of
@@ -197,14 +187,30 @@ class GraphPlanner:
     chain: the profiled graph (values, residuals, FLOPs per layer).
     fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
     not_a_chain: which layer skips which (the reason the model is planned as a graph).
+    replay: the compiled plain step, when the compiled profile predicts (else None:
+      model G's peak over the fixed bytes).
   """
 
   chain: GraphChain
   fixed_bytes: int
   not_a_chain: str = ""
   scans: tuple[ScanPlan, ...] = ()
-  ranks_candidates = False
-  profile = "jaxpr"  # model G, from the jaxpr profile (no compiled profile for graphs)
+  replay: Replay | None = None
+
+  @property
+  def profile(self) -> str:
+    """Which profile predicts: ``"compiled"`` (the replay) or ``"jaxpr"`` (model G)."""
+    return "compiled" if self.replay is not None else "jaxpr"
+
+  @property
+  def ranks_candidates(self) -> bool:
+    """Whether verify compiles the candidates of least prediction first: with the replay.
+    Model G orders the plans of a graph less well than the estimate orders a chain's."""
+    return self.replay is not None
+
+  def temp_bytes(self, plan: Plan) -> int:
+    """Predicted temp bytes of ``plan`` (the footprint less the fixed bytes), to rank by."""
+    return self.total_bytes(plan) - (self.replay.fixed_bytes if self.replay else self.fixed_bytes)
 
   @property
   def input_bytes(self) -> int:
@@ -212,12 +218,16 @@ class GraphPlanner:
     return self.chain.crossing_bytes(0)
 
   def solve(self, method: str, refine_plan: bool = True) -> Plan:
-    del refine_plan  # model G is solved exactly; there is no estimate to refine against
+    """Model G's plan; its optimum refined against the replay (``refine``) when the
+    compiled profile predicts."""
     if method not in GRAPH_SOLVERS:
       raise NotAChainError(
           f"{self.not_a_chain} jaxremat plans such a model as a graph, whose solvers are "
           f"{sorted(GRAPH_SOLVERS)}; method={method!r} is not one of them.")
-    return solve_graph(self.chain, method)
+    plan = solve_graph(self.chain, method)
+    if method == "optimal" and refine_plan and self.replay is not None:
+      plan = refine(self.chain.n, plan, self.temp_bytes, self.recompute_flops)
+    return plan
 
   def solve_budget(self, budget_bytes: int) -> Plan:
     offset = self.fixed_bytes - self.chain.crossing_bytes(0)
@@ -238,7 +248,10 @@ class GraphPlanner:
     return graph_peak_bytes(self.chain, plan)
 
   def total_bytes(self, plan: Plan) -> int:
-    """Fixed bytes plus model G's peak, less the batch (already in the fixed bytes)."""
+    """Predicted XLA footprint of the gradient step under ``plan`` (bytes): the replay's,
+    or the fixed bytes plus model G's peak less the batch (in the fixed bytes)."""
+    if self.replay is not None:
+      return self.replay.total_bytes(plan.checkpoints)
     return self.fixed_bytes + graph_peak_bytes(self.chain, plan) - self.chain.crossing_bytes(0)
 
   def recompute_flops(self, plan: Plan) -> int:
@@ -252,22 +265,29 @@ class GraphPlanner:
     g = self.chain
     near = [Plan(tuple(sorted(set(plan.checkpoints) ^ {k}))) for k in range(1, g.n)]
     near.sort(key=lambda p: (graph_peak_bytes(g, p), graph_recompute_flops(g, p)))
-    return [*(solve_graph(g, m) for m in ("every-layer", "best-uniform", "optimal")), *near]
+    return [*(solve_graph(g, m) for m in ("every-layer", "best-uniform", "optimal")),
+            *(self.best_uniform(3) if self.replay else []), *near]
 
   def budget_fallbacks(self) -> list[Plan]:
-    return [solve_graph(self.chain, "optimal"), solve_graph(self.chain, "best-uniform")]
+    return [solve_graph(self.chain, "optimal"), *self.best_uniform(1),
+            solve_graph(self.chain, "best-uniform")]
 
   def best_uniform(self, count: int) -> list[Plan]:
-    """The ``count`` checkpoint-every-k plans of least model-G peak."""
-    return sorted(every_k_plans(self.chain.n), key=self.peak_bytes)[:count]
+    """The ``count`` checkpoint-every-k plans of least predicted footprint (of least
+    model-G peak without the replay)."""
+    return sorted(every_k_plans(self.chain.n),
+                  key=self.temp_bytes if self.replay else self.peak_bytes)[:count]
 
   def second_opinion(self) -> tuple[Plan, ...]:
-    return ()  # one profile
+    """With the compiled profile, model G's optimum (an independent prediction's plan);
+    else none."""
+    return (solve_graph(self.chain, "optimal"),) if self.replay else ()
 
   def ties(self, plan: Plan, count: int) -> list[Plan]:
-    """None: model G does not tell a graph's plans apart finely enough to call two a tie
-    (``verify=True`` compiles the plans one cut away)."""
-    return []
+    """With the replay, the plans one checkpoint away that it predicts within ``_TIE``
+    (``near_ties``). Else none: model G does not tell a graph's plans apart finely
+    enough to call two a tie (``verify=True`` compiles the plans one cut away)."""
+    return near_ties(self, plan, count) if self.replay else []
 
   def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
     g, kept = self.chain, set(plan.checkpoints)
@@ -288,12 +308,14 @@ Planner = ChainPlanner | GraphPlanner
 
 def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, batch: Any,
                  model_kwargs: dict[str, Any], calibrate: bool, target: Target | None,
-                 compiled: Callable[[tuple[int, ...]], Replay] | None = None,
+                 compiled: Callable[[TracedChain, tuple[tuple[int, int, int], ...]], Replay]
+                 | None = None,
                  required: bool = True) -> Planner:
   """Profiles the traced layers into the planner for their structure (chain or graph), as
   XLA for ``target`` (default: the local backend) keeps them. ``compiled`` (the
-  compiled profile): the replay of the plain step, given the chain's activation bytes;
-  on a model it cannot replay, an error when ``required``, else the jaxpr profile."""
+  compiled profile): the replay of the plain step, given its layers and the values a cut
+  may keep (``Replay.kept``); on a model it cannot replay, an error when ``required``,
+  else the jaxpr profile."""
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = checks.fixed_bytes(params, batch, arrays)
   sharded = _sharding.is_sharded((params, batch, arrays))
@@ -302,10 +324,9 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
     raise InvalidArgumentError(
         "a target= plans for one GPU; pass unsharded params and batch (or "
         "jax.ShapeDtypeStructs of one device's shapes).")
-  if compiled is not None and (traced.not_a_chain is not None or scans or sharded):
+  if compiled is not None and (scans or sharded):
     if required:
-      what = ("a graph of layers" if traced.not_a_chain is not None else
-              "scanned layer stacks" if scans else "sharded inputs")
+      what = "scanned layer stacks" if scans else "sharded inputs"
       raise InvalidArgumentError(
           f"profile='compiled' replays a chain of layers compiled as one program; this "
           f"model has {what}. Use profile='jaxpr' (the estimate)"
@@ -316,8 +337,9 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
       raise NotAChainError(
           f"{traced.not_a_chain} jaxremat plans such a model as a graph, which does not "
           "take sharded inputs yet; pass unsharded params and batch.")
-    return GraphPlanner(profile_graph(traced, calibrate, platform, target), fixed,
-                        traced.not_a_chain)
+    graph = profile_graph(traced, calibrate, platform, target)
+    return GraphPlanner(graph, fixed, traced.not_a_chain,
+                        replay=compiled(traced, graph_kept(graph)) if compiled else None)
   # A segmented scan's backward (one segment recomputed, then its backward loop) is
   # compiled alone for its workspace, for the target.
   segmented = {s.layer for s in scans if s.rematerialised}
@@ -330,7 +352,28 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
     fixed = (_sharding.tree_device_bytes((params, batch, arrays))
              + _sharding.tree_device_bytes(params, floats_only=True))
   return ChainPlanner(chain, prof.buffers, fixed, scans,
-                      compiled(chain.act_bytes) if compiled else None)
+                      compiled(traced, chain_kept(chain.act_bytes)) if compiled else None)
+
+
+def graph_kept(graph: GraphChain) -> tuple[tuple[int, int, int], ...]:
+  """``Replay.kept`` of a graph: the values its layers make, read by later ones."""
+  return tuple((made, last, size) for made, last, size
+               in zip(graph.defined, graph.last_use, graph.value_bytes) if made > 0)
+
+
+def near_ties(planner: ChainPlanner | GraphPlanner, plan: Plan, count: int) -> list[Plan]:
+  """Up to ``count`` plans one checkpoint away from ``plan`` whose predicted temp bytes
+  are within ``_TIE`` of ``plan``'s, least prediction first (then least recompute): plans
+  the prediction cannot tell apart, which XLA's footprint can. None beyond refine's
+  ``MAX_LAYERS`` layers."""
+  n = planner.chain.n
+  if n > MAX_REFINE_LAYERS or plan.is_nested:
+    return []
+  near = set(neighbours(plan.checkpoints, n))
+  limit = planner.temp_bytes(plan) * (1 + _TIE)
+  keys = {c: (planner.temp_bytes(Plan(c)), planner.recompute_flops(Plan(c))) for c in near}
+  ties = sorted((c for c in near if keys[c][0] <= limit), key=keys.__getitem__)
+  return [Plan(c) for c in ties[:count]]
 
 
 def every_k_plans(n: int) -> list[Plan]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jaxremat._model.chain import Chain, Plan, recompute_flops
+from jaxremat._model.chain import Plan
 from jaxremat.solvers import uniform_plan
 
 #: Longest chain refined: each round costs n estimates of O(n^2) buffer steps each (a
@@ -13,10 +13,11 @@ from jaxremat.solvers import uniform_plan
 MAX_LAYERS = 64
 
 
-def refine(chain: Chain, plan: Plan, predicted_bytes: Callable[[Plan], int],
-           max_rounds: int = 50) -> Plan:
-  """The plan of least ``predicted_bytes`` (XLA's temp bytes, as the estimate or the
-  compiled profile predicts them) reachable from ``plan`` or a uniform plan.
+def refine(n: int, plan: Plan, predicted_bytes: Callable[[Plan], int],
+           recompute_flops: Callable[[Plan], int], max_rounds: int = 50) -> Plan:
+  """The plan of ``n`` layers of least ``predicted_bytes`` (XLA's temp bytes, as the
+  estimate or the compiled profile predicts them) reachable from ``plan`` or a uniform
+  plan, then least ``recompute_flops``.
 
   Starts from ``plan`` and every uniform plan (checkpoint every ``k`` layers), keeps the
   best by ``(prediction, recomputed FLOPs)``, then adds or removes one checkpoint at a
@@ -24,12 +25,11 @@ def refine(chain: Chain, plan: Plan, predicted_bytes: Callable[[Plan], int],
   (Moving a checkpoint as well reaches plans of lower key, which XLA measured 2% smaller
   on the zoo's VGG-11 and 9% larger on a conv stack with an average pool: not done.)
   """
-  n = chain.n
   if n > MAX_LAYERS or n < 2:
     return plan
 
   def key(p: Plan):
-    return predicted_bytes(p), recompute_flops(chain, p)
+    return predicted_bytes(p), recompute_flops(p)
 
   best, best_key = plan, key(plan)
   for k in range(1, n + 1):

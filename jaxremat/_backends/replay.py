@@ -68,7 +68,11 @@ class Replay:
     turn: the first backward step.
     forward_layer: per forward step, its layer (0-based).
     backward_layer: per step from the turn on, its layer (0-based).
-    act_bytes: ``a_0..a_n`` of the chain (bytes): a checkpoint's size.
+    kept: the values a plan's cut may keep, as ``(made, last read, bytes)`` (units:
+      1..n the layers, n + 1 the loss): a kept cut ``c`` holds those made at or
+      before it and read after it, each from its own segment's cut on (a chain's
+      ``x_c``, ``(c, c + 1, a_c)``; a graph's values, skip tensors included).
+    layers: the number of layers ``n``.
     fixed_bytes: the step's argument + output - alias bytes.
     tables: the bytes of each tuple's table of element pointers, which XLA allocates
       above the heap.
@@ -82,7 +86,8 @@ class Replay:
   turn: int
   forward_layer: tuple[int, ...]
   backward_layer: tuple[int, ...]
-  act_bytes: tuple[int, ...]
+  kept: tuple[tuple[int, int, int], ...]
+  layers: int
   fixed_bytes: int
   tables: tuple[int, ...] = ()
   alignment: int = CPU_ALIGNMENT
@@ -122,7 +127,7 @@ class Replay:
     """The plan's segments ``(l, r]`` and its virtual schedule: the position of each
     forward step ``("F", t)``, recompute step ``("R", segment, t)`` and backward step
     ``("B", t)``."""
-    n, turn = len(self.act_bytes) - 1, self.turn
+    n, turn = self.layers, self.turn
     bounds = [0, *checkpoints, n]
     segments = list(zip(bounds[:-1], bounds[1:]))
     last = len(segments) - 1
@@ -199,16 +204,22 @@ class Replay:
     segment's recompute while the segment reads it; a kept value of the last
     segment, from the forward to its backward read; of an earlier segment, in the
     forward while the forward reads it and from its recompute to its backward read;
-    read by a later segment's backward, it is that segment's input ``x_r`` (up to
-    ``a_r`` bytes), held; a backward value over its steps. Each checkpoint ``x_c`` not
-    held that way: ``a_c`` bytes from layer ``c``'s forward to layer ``c + 1``'s
-    backward.
+    read by a later segment's backward, a value its kept cut holds (up to the bytes the
+    cut keeps of its layer, ``kept``); a backward value over its steps. What a kept
+    cut holds of a layer beyond that: from the layer's forward to the backward of the
+    layer after the cut (a chain's ``x_c``: ``a_c`` bytes from layer ``c``'s forward
+    to layer ``c + 1``'s backward).
     """
     turn = self.turn
     last = len(segments) - 1
     segment_of = {i: s for s, (l, r) in enumerate(segments) for i in range(l, r)}
     found: list[tuple[int, int, int, int]] = []
-    held: collections.Counter[int] = collections.Counter()
+    keeps: collections.Counter[tuple[int, int]] = collections.Counter()
+    for s, (l, c) in enumerate(segments[:-1]):  # per (segment, layer) the bytes its cut keeps
+      for made, read, size in self.kept:
+        if l < made <= c < read:
+          keeps[s, made] += size
+    held: collections.Counter[tuple[int, int]] = collections.Counter()
     output = -1  # the output buffer XLA put the value being replayed in (-1: none)
 
     def add(a: int, b: int, size: int) -> None:
@@ -241,32 +252,39 @@ class Replay:
       reader = segment_of[self.backward_layer[v.last - turn]]
       if s == last:
         add(at(first), at(v.last), v.size)
-      elif reader > s:  # a later segment's backward reads it: that segment's input
-        if self.forward_layer[first] == segments[s][1] - 1:
-          take = min(v.size, self.act_bytes[segments[s][1]] - held[s])
-          add(at(first), at(v.last), take)
-          held[s] += take
+      elif reader > s:  # a later segment's backward reads it: a value the cut keeps
+        by = (s, self.forward_layer[first] + 1)
+        take = min(v.size, keeps[by] - held[by])
+        add(at(first), at(v.last), take)
+        held[by] += max(take, 0)
       else:
         if v.forward_read is not None:
           add(at(first), at(v.forward_read), v.size)
         start, end = pos["R", s, first], at(v.last)
         add(start if end >= start else at(first), end, v.size)
     output = -1  # a checkpoint: none in the plain step
-    for s, (_, c) in enumerate(segments[:-1]):  # checkpoints no kept value holds
-      made = max((t for t, layer in enumerate(self.forward_layer) if layer <= c - 1),
+    for (s, made_by), size in keeps.items():  # what the cut keeps no replayed value holds
+      c = segments[s][1]
+      made = max((t for t, layer in enumerate(self.forward_layer) if layer <= made_by - 1),
                  default=0)
       read = max((t for t, layer in enumerate(self.backward_layer, start=turn) if layer >= c),
                  default=turn + len(self.backward_layer) - 1)
-      add(at(made), at(read), max(0, self.act_bytes[c] - held[s]))
+      add(at(made), at(read), max(0, size - held[s, made_by]))
     return found
 
 
+def chain_kept(act_bytes: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+  """``Replay.kept`` of a chain of activations ``a_0..a_n`` (bytes): ``x_c`` is made by
+  layer ``c`` and read by layer ``c + 1``."""
+  return tuple((c, c + 1, size) for c, size in enumerate(act_bytes))
+
+
 def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any, Any], Any], params: Any,
-                   batch: Any, act_bytes: Sequence[int], target: Target | None,
+                   batch: Any, kept: Sequence[tuple[int, int, int]], target: Target | None,
                    arrays: Any) -> Replay:
   """Compiles ``jax.grad(loss_fn)`` once (for ``target``, deviceless, when given; else on
   the local backend) with an XLA dump, and reads its ``Replay``; ``traced`` gives the
-  layers' names, ``act_bytes`` the chain's activation bytes. ``loss_fn(params, batch,
+  layers' names, ``kept`` the values a cut may keep (``Replay.kept``). ``loss_fn(params, batch,
   arrays)``: ``arrays`` (the model's array kwargs) are arguments of the step."""
   with tempfile.TemporaryDirectory() as out:
     options = {"xla_dump_to": out}
@@ -276,12 +294,13 @@ def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any, Any], Any],
                  else compile_footprint(step, *args, compiler_options=options))
     found = read_dump(out, footprint.temp_bytes)
   gpu = target is not None or jax.default_backend() != "cpu"
-  replay = replay_of(found, traced, act_bytes, footprint.total_bytes - footprint.temp_bytes,
+  replay = replay_of(found, traced, kept, footprint.total_bytes - footprint.temp_bytes,
                      GPU_ALIGNMENT if gpu else CPU_ALIGNMENT)
   return dataclasses.replace(replay, plain_bytes=footprint.total_bytes)
 
 
-def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_bytes: int,
+def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, int]],
+              fixed_bytes: int,
               alignment: int = CPU_ALIGNMENT) -> Replay:
   """The ``Replay`` of a dumped plain step of ``traced``'s model (buffers aligned to
   ``alignment`` bytes)."""
@@ -351,8 +370,8 @@ def replay_of(dump: Dump, traced: TracedChain, act_bytes: Sequence[int], fixed_b
                         reads[-1] if reads else None, output_of.get(id(v), -1),
                         first_read if unfed and by_layer else None,
                         tuple(reads) if unfed and not by_layer else ()))
-  return Replay(tuple(values), turn, tuple(forward_layer), tuple(backward_layer), tuple(act_bytes),
-                fixed_bytes, tables, alignment, grads=tuple(grads))
+  return Replay(tuple(values), turn, tuple(forward_layer), tuple(backward_layer), tuple(kept),
+                len(traced.layers), fixed_bytes, tables, alignment, grads=tuple(grads))
 
 
 def _turn(schedule: Sequence[str], producers: dict[str, set[str]], backward: set[str],
