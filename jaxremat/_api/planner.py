@@ -328,8 +328,8 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
     if required:
       what = "scanned layer stacks" if scans else "sharded inputs"
       raise InvalidArgumentError(
-          f"profile='compiled' replays a chain of layers compiled as one program; this "
-          f"model has {what}. Use profile='jaxpr' (the estimate)"
+          f"profile='compiled' replays the layers of one compiled program; this model "
+          f"has {what}. Use profile='jaxpr' (the estimate)"
           + (", or scan_segment=None." if scans else "."))
     compiled = None  # by default, the estimate where the replay cannot go
   if traced.not_a_chain is not None:  # traced.is_graph
