@@ -21,7 +21,7 @@ import time
 
 import jaxremat
 from jaxremat._api.loss import training_loss_with_arrays
-from jaxremat._backends.replay import Replay, compile_replay
+from jaxremat._backends.replay import Replay, chain_kept, compile_replay
 from jaxremat._backends.targets import get_target
 from jaxremat._jaxpr.trace import trace
 from jaxremat.solvers import uniform_plan
@@ -38,7 +38,7 @@ def plain_replay(fn, params, x, kwargs, target: str | None = None
   r = jaxremat.apply(fn, params, x, verify=False, target=target, profile="jaxpr", **kwargs)
   traced = trace(fn, params, x, kwargs, None)
   loss, arrays = training_loss_with_arrays(fn, kwargs)
-  return compile_replay(traced, loss, params, x, r.chain.act_bytes, get_target(target),
+  return compile_replay(traced, loss, params, x, chain_kept(r.chain.act_bytes), get_target(target),
                         arrays), r
 
 

@@ -161,7 +161,28 @@ def test_graph_budget_takes_the_least_recompute_within_it(zoo_model):
   for plan in within:
     assert graph_recompute_flops(r.chain, plan) >= graph_recompute_flops(r.chain, fitted.plan)
   with pytest.raises(jaxremat.InfeasibleBudgetError):
-    jaxremat.apply(model.apply, params, x, budget_bytes=least - 1, verify=False)
+    jaxremat.apply(model.apply, params, x, budget_bytes=least - 1, verify=False,
+                   profile="jaxpr")
+
+
+@pytest.mark.xla
+def test_graph_budget_fits_the_replay_and_xla(zoo_model):
+  """With the compiled profile (a graph's default) the budget plan is within the budget
+  as the replay predicts it, and, fitted by default, as XLA compiles it."""
+  _, model, params, x = zoo_model
+  r = jaxremat.apply(model.apply, params, x, verify=False)
+  assert r.profile == "compiled"
+  with pytest.raises(jaxremat.InvalidPlanError, match="out of range"):
+    r.predict_total_bytes(jaxremat.Plan((999,)))
+  none = r.predict_total_bytes(jaxremat.Plan(()))
+  budget = (r.predicted_total_bytes + none) // 2
+  predicted = jaxremat.apply(model.apply, params, x, budget_bytes=budget, verify=False)
+  assert predicted.predicted_total_bytes <= budget
+  fitted = jaxremat.apply(model.apply, params, x, budget_bytes=budget)
+  loss = lambda p, b: (fitted.fn(p, b) ** 2).mean()  # noqa: E731
+  assert jaxremat.measure(loss, params, x).total_bytes <= budget
+  with pytest.raises(jaxremat.InfeasibleBudgetError, match="least footprint"):
+    jaxremat.apply(model.apply, params, x, budget_bytes=r.fixed_bytes, verify=False)
 
 
 def test_options_graphs_do_not_support_raise_clear_errors(zoo_model):

@@ -19,7 +19,7 @@ from jaxremat._api.planner import Planner, check_budget_method, check_holds_inpu
 from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
-from jaxremat._backends.replay import Replay, compile_replay
+from jaxremat._backends.replay import PlainStep, Replay, compile_plain_step
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
@@ -66,12 +66,12 @@ def apply(
       a chain (the blocks inside an ``Encoder``); ``Remat.decomposition`` says why.
       ``"search"``: those layers, then one level below them and, while XLA measures
       less, a second (a transformer's blocks split into their attention and MLP,
-      planned as a graph); each level's optimal plan compiled once (after the default
-      confirm, or ``verify=True``), the least kept when it is at least 1% below the
-      level above. Not with ``plan``, ``budget_bytes``, another ``method`` or
+      planned as a graph); each level's optimal plan confirmed as by default (up to 4
+      compiles), the least kept when it is at least 1% below the level above. Not with ``plan``, ``budget_bytes``, another ``method`` or
       ``verify=False``; a model whose scanned stack is segmented is not searched.
-    refine: for ``method="optimal"`` on a chain, improve model R's optimum by local
-      search on the backend's estimate of XLA's footprint (``predict_total_bytes``).
+    refine: for ``method="optimal"``, improve model R's optimum (a chain's) or model G's
+      (a graph's, with the compiled profile) by local search on the prediction of XLA's
+      footprint (``predict_total_bytes``).
     verify: compile the training step (``jax.grad`` of ``loss_fn``) for the chosen plan and
       up to ``MAX_COMPILES - 1`` candidates predicted within 10% of the least (model R's
       and model A's optima, the best uniform plans, the estimate's near ties), and keep
@@ -193,9 +193,13 @@ def apply(
                                   nearby=verify is None)
     traced, scans = _scan.rewrite(traced, segment)
 
-  def compiled(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:  # the compiled profile
-    loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
-    return compile_replay(layers, loss, params, batch, kept, resolved, arrays)
+  plain: list[PlainStep] = []  # compiled once, replayed over the layers of every level
+
+  def compiled(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:
+    if not plain:  # the compiled profile
+      loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
+      plain.append(compile_plain_step(loss, params, batch, resolved, arrays))
+    return plain[0].replay(layers, kept)
 
   replayed = (profile or checks.default_profile(resolved, jax.default_backend(),
                                                 traced.is_graph)) == "compiled"

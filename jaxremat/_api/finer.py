@@ -75,7 +75,7 @@ def plan_finer(model_fn: Callable[..., Any], params: Any, batch: Any,
     replayed = (profile or default_profile(target, jax.default_backend(), finer.is_graph)
                 ) == "compiled"
     planner = make_planner(finer, (), params, batch, model_kwargs, calibrate, target,
-                           compiled if replayed else None)
+                           compiled if replayed else None, required=profile is not None)
     plan = planner.solve("optimal", refine)
     plan, footprints = confirm_plan(planner, plan, lambda p: measured(p, finer, depth))
     return Finer(finer, planner, plan, depth, footprints)

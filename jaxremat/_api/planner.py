@@ -1,4 +1,5 @@
-"""One planning interface over chains (model R and the XLA-aware estimate) and graphs (model G)."""
+"""One planning interface over chains (model R) and graphs (model G), predicted by the
+XLA-aware estimate (chains), model G (graphs) or the replay of the compiled step (both)."""
 
 from __future__ import annotations
 
@@ -204,9 +205,11 @@ class GraphPlanner:
 
   @property
   def ranks_candidates(self) -> bool:
-    """Whether verify compiles the candidates of least prediction first: with the replay.
-    Model G orders the plans of a graph less well than the estimate orders a chain's."""
-    return self.replay is not None
+    """Whether verify compiles the candidates of least prediction first: with the replay,
+    up to refine's ``MAX_LAYERS`` layers (beyond, n replays would cost minutes: 0.3 s
+    each on a ViT of 151 layers). Model G orders the plans of a graph less well than the
+    estimate orders a chain's."""
+    return self.replay is not None and self.chain.n <= MAX_REFINE_LAYERS
 
   def temp_bytes(self, plan: Plan) -> int:
     """Predicted temp bytes of ``plan`` (the footprint less the fixed bytes), to rank by."""
@@ -230,11 +233,28 @@ class GraphPlanner:
     return plan
 
   def solve_budget(self, budget_bytes: int) -> Plan:
+    """Model G's plan of least recompute within ``budget_bytes`` (a whole-step budget).
+    Where the replay ranks plans (``ranks_candidates``), the least recompute of that
+    plan, the checkpoint-every-k plans and the refined optimum that the replay puts
+    within the budget."""
     offset = self.fixed_bytes - self.chain.crossing_bytes(0)
     try:
-      return solve_graph_budget(self.chain, budget_bytes - offset)
+      plan: Plan | None = solve_graph_budget(self.chain, budget_bytes - offset)
     except InfeasibleBudgetError as err:
-      raise _below_least(budget_bytes, err.min_feasible_bytes + offset, self.fixed_bytes) from None
+      if not self.ranks_candidates:
+        raise _below_least(budget_bytes, err.min_feasible_bytes + offset,
+                           self.fixed_bytes) from None
+      plan = None
+    if not self.ranks_candidates:
+      assert plan is not None
+      return plan
+    tried = [*([plan] if plan else []), *every_k_plans(self.chain.n), self.solve("optimal")]
+    fits = [p for p in tried if self.total_bytes(p) <= budget_bytes]
+    if not fits:
+      least = min(self.total_bytes(p) for p in tried)
+      raise _below_least(budget_bytes, least, self.fixed_bytes)
+    best = min(fits, key=lambda p: (self.recompute_flops(p), self.total_bytes(p)))
+    return Plan(best.checkpoints, method="budget")
 
   def validate(self, plan: Plan) -> None:
     validate_plan(plan, self.chain.n)
@@ -251,6 +271,7 @@ class GraphPlanner:
     """Predicted XLA footprint of the gradient step under ``plan`` (bytes): the replay's,
     or the fixed bytes plus model G's peak less the batch (in the fixed bytes)."""
     if self.replay is not None:
+      self.validate(plan)
       return self.replay.total_bytes(plan.checkpoints)
     return self.fixed_bytes + graph_peak_bytes(self.chain, plan) - self.chain.crossing_bytes(0)
 
@@ -258,15 +279,15 @@ class GraphPlanner:
     return graph_recompute_flops(self.chain, plan)
 
   def candidates(self, plan: Plan) -> list[Plan]:
-    """In the order to compile them: every layer kept, model G's best uniform plan and
-    optimum, then the plans one kept cut away from ``plan``, least model-G peak first.
-    Not ranked by prediction (``ranks_candidates``): model G orders the plans of a graph
-    less well than the estimate orders a chain's."""
+    """Every layer kept, model G's best uniform plan and optimum, the replay's best
+    uniform plans (where it ranks them), then the plans one kept cut away from ``plan``,
+    least model-G peak first. Compiled in this order where ``ranks_candidates`` is
+    False, else least replayed footprint first."""
     g = self.chain
     near = [Plan(tuple(sorted(set(plan.checkpoints) ^ {k}))) for k in range(1, g.n)]
     near.sort(key=lambda p: (graph_peak_bytes(g, p), graph_recompute_flops(g, p)))
     return [*(solve_graph(g, m) for m in ("every-layer", "best-uniform", "optimal")),
-            *(self.best_uniform(3) if self.replay else []), *near]
+            *(self.best_uniform(3) if self.ranks_candidates else []), *near]
 
   def budget_fallbacks(self) -> list[Plan]:
     return [solve_graph(self.chain, "optimal"), *self.best_uniform(1),
@@ -274,9 +295,9 @@ class GraphPlanner:
 
   def best_uniform(self, count: int) -> list[Plan]:
     """The ``count`` checkpoint-every-k plans of least predicted footprint (of least
-    model-G peak without the replay)."""
+    model-G peak without the replay, or beyond refine's ``MAX_LAYERS`` layers)."""
     return sorted(every_k_plans(self.chain.n),
-                  key=self.temp_bytes if self.replay else self.peak_bytes)[:count]
+                  key=self.temp_bytes if self.ranks_candidates else self.peak_bytes)[:count]
 
   def second_opinion(self) -> tuple[Plan, ...]:
     """With the compiled profile, model G's optimum (an independent prediction's plan);

@@ -80,9 +80,9 @@ def confirm_plan(planner: Planner, plan: Plan,
   """Compiles ``plan`` and keeps XLA's least of what it compiles.
 
   When XLA's footprint is within ``CONFIRM_TOLERANCE`` of the prediction, also compiles
-  up to ``CONFIRM_EXTRA`` plans the estimate ties with ``plan`` (``planner.ties``: one
-  checkpoint from it or from model R's optimum, predicted at most 1% above it): where
-  the estimate cannot tell plans apart, XLA can. Otherwise, ``CONFIRM_EXTRA`` candidates
+  up to ``CONFIRM_EXTRA`` plans the prediction ties with ``plan`` (``planner.ties``: one
+  checkpoint from it, or on a chain from model R's optimum, predicted at most 1% above
+  it): where the prediction cannot tell plans apart, XLA can. Otherwise, ``CONFIRM_EXTRA`` candidates
   (``shortlist`` with ``spread``), pruned by their prediction only beyond
   ``PRUNE_ABOVE`` plus the miss: this model's predictions are that far off; the
   planner's ``second_opinion`` first.

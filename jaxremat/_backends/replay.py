@@ -69,9 +69,10 @@ class Replay:
     forward_layer: per forward step, its layer (0-based).
     backward_layer: per step from the turn on, its layer (0-based).
     kept: the values a plan's cut may keep, as ``(made, last read, bytes)`` (units:
-      1..n the layers, n + 1 the loss): a kept cut ``c`` holds those made at or
-      before it and read after it, each from its own segment's cut on (a chain's
-      ``x_c``, ``(c, c + 1, a_c)``; a graph's values, skip tensors included).
+      1..n the layers, n + 1 the loss): each is held by the first kept cut ``c`` at
+      or after the layer that makes it, when read after it (segment ``(l, c]``:
+      ``l < made <= c < last read``); a chain's ``x_c`` is ``(c, c + 1, a_c)``, a
+      graph's values include its skip tensors.
     layers: the number of layers ``n``.
     fixed_bytes: the step's argument + output - alias bytes.
     tables: the bytes of each tuple's table of element pointers, which XLA allocates
@@ -279,13 +280,28 @@ def chain_kept(act_bytes: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
   return tuple((c, c + 1, size) for c, size in enumerate(act_bytes))
 
 
-def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any, Any], Any], params: Any,
-                   batch: Any, kept: Sequence[tuple[int, int, int]], target: Target | None,
-                   arrays: Any) -> Replay:
+@dataclasses.dataclass(frozen=True)
+class PlainStep:
+  """The plain step XLA compiled with a dump: its values (``Dump``), its footprint's fixed
+  bytes (argument + output - alias), XLA's footprint (bytes) and the buffer alignment."""
+
+  dump: Dump
+  fixed_bytes: int
+  total_bytes: int
+  alignment: int
+
+  def replay(self, traced: TracedChain, kept: Sequence[tuple[int, int, int]]) -> Replay:
+    """The ``Replay`` of this step over ``traced``'s layers (any ``layer_depth`` of the
+    model), ``kept`` the values a cut may keep (``Replay.kept``)."""
+    replay = replay_of(self.dump, traced, kept, self.fixed_bytes, self.alignment)
+    return dataclasses.replace(replay, plain_bytes=self.total_bytes)
+
+
+def compile_plain_step(loss_fn: Callable[[Any, Any, Any], Any], params: Any, batch: Any,
+                       target: Target | None, arrays: Any) -> PlainStep:
   """Compiles ``jax.grad(loss_fn)`` once (for ``target``, deviceless, when given; else on
-  the local backend) with an XLA dump, and reads its ``Replay``; ``traced`` gives the
-  layers' names, ``kept`` the values a cut may keep (``Replay.kept``). ``loss_fn(params, batch,
-  arrays)``: ``arrays`` (the model's array kwargs) are arguments of the step."""
+  the local backend) with an XLA dump, and reads it. ``loss_fn(params, batch, arrays)``:
+  ``arrays`` (the model's array kwargs) are arguments of the step."""
   with tempfile.TemporaryDirectory() as out:
     options = {"xla_dump_to": out}
     step = jax.grad(loss_fn)
@@ -294,9 +310,15 @@ def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any, Any], Any],
                  else compile_footprint(step, *args, compiler_options=options))
     found = read_dump(out, footprint.temp_bytes)
   gpu = target is not None or jax.default_backend() != "cpu"
-  replay = replay_of(found, traced, kept, footprint.total_bytes - footprint.temp_bytes,
-                     GPU_ALIGNMENT if gpu else CPU_ALIGNMENT)
-  return dataclasses.replace(replay, plain_bytes=footprint.total_bytes)
+  return PlainStep(found, footprint.total_bytes - footprint.temp_bytes, footprint.total_bytes,
+                   GPU_ALIGNMENT if gpu else CPU_ALIGNMENT)
+
+
+def compile_replay(traced: TracedChain, loss_fn: Callable[[Any, Any, Any], Any], params: Any,
+                   batch: Any, kept: Sequence[tuple[int, int, int]], target: Target | None,
+                   arrays: Any) -> Replay:
+  """``compile_plain_step`` and its ``Replay`` over ``traced``'s layers."""
+  return compile_plain_step(loss_fn, params, batch, target, arrays).replay(traced, kept)
 
 
 def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, int]],
