@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -67,8 +68,9 @@ def apply(
       ``"search"``: those layers, then one level below them and, while XLA measures
       less, a second (a transformer's blocks split into their attention and MLP,
       planned as a graph); each level's optimal plan confirmed as by default (up to 4
-      compiles), the least kept when it is at least 1% below the level above. Not with ``plan``, ``budget_bytes``, another ``method`` or
-      ``verify=False``; a model whose scanned stack is segmented is not searched.
+      compiles), the least kept when it is at least 1% below the level above. Not with
+      ``plan``, ``budget_bytes``, another ``method`` or ``verify=False``; a model whose
+      scanned stack is segmented is not searched.
     refine: for ``method="optimal"``, improve model R's optimum (a chain's) or model G's
       (a graph's, with the compiled profile) by local search on the prediction of XLA's
       footprint (``predict_total_bytes``).
@@ -193,13 +195,13 @@ def apply(
                                   nearby=verify is None)
     traced, scans = _scan.rewrite(traced, segment)
 
-  plain: list[PlainStep] = []  # compiled once, replayed over the layers of every level
+  @functools.cache  # compiled once, replayed over the layers of every level
+  def plain_step() -> PlainStep:
+    loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
+    return compile_plain_step(loss, params, batch, resolved, arrays)
 
   def compiled(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:
-    if not plain:  # the compiled profile
-      loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
-      plain.append(compile_plain_step(loss, params, batch, resolved, arrays))
-    return plain[0].replay(layers, kept)
+    return plain_step().replay(layers, kept)  # the compiled profile
 
   replayed = (profile or checks.default_profile(resolved, jax.default_backend(),
                                                 traced.is_graph)) == "compiled"

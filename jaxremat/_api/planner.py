@@ -3,6 +3,7 @@ XLA-aware estimate (chains), model G (graphs) or the replay of the compiled step
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -238,17 +239,15 @@ class GraphPlanner:
     plan, the checkpoint-every-k plans and the refined optimum that the replay puts
     within the budget."""
     offset = self.fixed_bytes - self.chain.crossing_bytes(0)
-    try:
-      plan: Plan | None = solve_graph_budget(self.chain, budget_bytes - offset)
-    except InfeasibleBudgetError as err:
-      if not self.ranks_candidates:
+    if not self.ranks_candidates:
+      try:
+        return solve_graph_budget(self.chain, budget_bytes - offset)
+      except InfeasibleBudgetError as err:
         raise _below_least(budget_bytes, err.min_feasible_bytes + offset,
                            self.fixed_bytes) from None
-      plan = None
-    if not self.ranks_candidates:
-      assert plan is not None
-      return plan
-    tried = [*([plan] if plan else []), *every_k_plans(self.chain.n), self.solve("optimal")]
+    tried = [*every_k_plans(self.chain.n), self.solve("optimal")]
+    with contextlib.suppress(InfeasibleBudgetError):  # the replay may put another within it
+      tried.insert(0, solve_graph_budget(self.chain, budget_bytes - offset))
     fits = [p for p in tried if self.total_bytes(p) <= budget_bytes]
     if not fits:
       least = min(self.total_bytes(p) for p in tried)

@@ -82,10 +82,10 @@ def confirm_plan(planner: Planner, plan: Plan,
   When XLA's footprint is within ``CONFIRM_TOLERANCE`` of the prediction, also compiles
   up to ``CONFIRM_EXTRA`` plans the prediction ties with ``plan`` (``planner.ties``: one
   checkpoint from it, or on a chain from model R's optimum, predicted at most 1% above
-  it): where the prediction cannot tell plans apart, XLA can. Otherwise, ``CONFIRM_EXTRA`` candidates
-  (``shortlist`` with ``spread``), pruned by their prediction only beyond
-  ``PRUNE_ABOVE`` plus the miss: this model's predictions are that far off; the
-  planner's ``second_opinion`` first.
+  it): where the prediction cannot tell plans apart, XLA can. Otherwise,
+  ``CONFIRM_EXTRA`` candidates (``shortlist`` with ``spread``), pruned by their
+  prediction only beyond ``PRUNE_ABOVE`` plus the miss: this model's predictions are
+  that far off; the planner's ``second_opinion`` first.
   """
   measured = measured_bytes(plan)
   miss = abs(measured - planner.total_bytes(plan)) / measured

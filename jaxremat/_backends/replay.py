@@ -216,10 +216,9 @@ class Replay:
     segment_of = {i: s for s, (l, r) in enumerate(segments) for i in range(l, r)}
     found: list[tuple[int, int, int, int]] = []
     keeps: collections.Counter[tuple[int, int]] = collections.Counter()
-    for s, (l, c) in enumerate(segments[:-1]):  # per (segment, layer) the bytes its cut keeps
-      for made, read, size in self.kept:
-        if l < made <= c < read:
-          keeps[s, made] += size
+    for made, read, size in self.kept:  # per (segment, layer) the bytes its cut keeps
+      if made > 0 and (s := segment_of[made - 1]) != last and segments[s][1] < read:
+        keeps[s, made] += size
     held: collections.Counter[tuple[int, int]] = collections.Counter()
     output = -1  # the output buffer XLA put the value being replayed in (-1: none)
 
