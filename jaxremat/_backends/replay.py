@@ -56,6 +56,7 @@ class Value:
   output: int = -1  # -1: in the temp allocation
   first_read: int | None = None  # of a layer's value the batch does not feed: its first reader
   forward_reads: tuple[int, ...] = ()  # of a value made once: the forward steps reading it
+  layer: int = -1  # the layer it belongs to (-1: that of its first step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +195,11 @@ class Replay:
     may be made early in the plain step, all blocks' at once; in a recomputed segment
     XLA makes it when the layer first reads it, and the replay starts it there, in the
     forward and in the recompute (not a value one layer makes for another: CPU VGGs
-    keep a later layer's weight transposes from early on under remat too).
+    keep a later layer's weight transposes from early on under remat too). So does a
+    nameless copy of a weight that one layer reads (a bf16 cast XLA's CPU backend
+    hoists to the start of the step): it belongs to its reader's layer, and XLA makes
+    it again in that layer's recompute (the CPU bf16 uneven MLP's every-k plans were
+    replayed 11.3% off on average while it was held from the start, 4.8% now).
 
     A value made once (no layer and no batch value makes it: an iota, a constant) lives
     over its steps, and on to where a recomputed segment reads it again: XLA shares the
@@ -238,10 +243,11 @@ class Replay:
                   and self.forward_layer[t] < segments[key[1]][1] - 1]
         add(min(steps), max(steps), v.size)
         continue
-      s = segment_of[self.forward_layer[v.first]]
+      own = v.layer if v.layer >= 0 else self.forward_layer[v.first]
+      s = segment_of[own]
       first = v.first
       if (v.first_read is not None and s != last and v.first_read < turn
-          and self.forward_layer[v.first_read] == self.forward_layer[v.first]):
+          and self.forward_layer[v.first_read] == own):
         first = v.first_read  # made where its recomputed layer first reads it
       if v.last < turn:  # read in the forward only
         add(at(first), at(v.last), v.size)
@@ -253,7 +259,7 @@ class Replay:
       if s == last:
         add(at(first), at(v.last), v.size)
       elif reader > s:  # a later segment's backward reads it: a value the cut keeps
-        by = (s, self.forward_layer[first] + 1)
+        by = (s, own + 1)
         take = min(v.size, keeps[by] - held[by])
         add(at(first), at(v.last), take)
         held[by] += max(take, 0)
@@ -338,6 +344,10 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
   for name in schedule:
     if producers[name] & data:
       data.add(name)
+  weights = {name for name in leaf if ops[name][0].startswith(("params", "arrays"))}
+  for name in schedule:  # computed from the parameters (or array kwargs), not the batch
+    if producers[name] & weights:
+      weights.add(name)
   forward = {name for name in data - backward - leaf if ops.get(name, ("",))[0]}
   turn = _turn(schedule, producers, backward, data, forward, len(traced.layers))
   layer_of: dict[str, int] = {}
@@ -387,6 +397,13 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
     by_layer = paths.get(v.instr) is not None
     last = v.last - 1 if (v.index, v.last, v.offset) in starts and v.last > v.first else v.last
     first_read = min((step[u] for u in v.uses if u in step), default=None)
+    reader = forward_layer[reads[0]] if reads else -1
+    if (unfed and not by_layer and v.instr in weights and {forward_layer[t] for t in reads}
+        == {reader} and (v.last < turn or backward_layer[v.last - turn] == reader)):
+      # a weight's copy (a bf16 cast, a transpose) one layer reads: that layer's value
+      values.append(Value(v.first, last, v.size, True, reads[-1], output_of.get(id(v), -1),
+                          reads[0], (), reader))
+      continue
     values.append(Value(v.first, last, v.size, not unfed or by_layer,
                         reads[-1] if reads else None, output_of.get(id(v), -1),
                         first_read if unfed and by_layer else None,
