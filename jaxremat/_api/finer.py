@@ -11,7 +11,8 @@ from typing import Any
 
 import jax
 from jaxremat._api.checks import default_profile
-from jaxremat._api.planner import Planner, fmt_bytes, make_planner
+from jaxremat._api.planner import Planner, make_planner
+from jaxremat._api.planning import fmt_bytes
 from jaxremat._api.verify import confirm_plan
 from jaxremat._backends.replay import Replay
 from jaxremat._backends.targets import Target

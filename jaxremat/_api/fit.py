@@ -22,7 +22,8 @@ from jaxremat._api.memory_budget import (budget_in_bytes, budget_read_as, check_
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
-from jaxremat._api.planner import ChainPlanner, check_holds_inputs, fmt_bytes, make_planner
+from jaxremat._api.planner import ChainPlanner, check_holds_inputs, make_planner
+from jaxremat._api.planning import fmt_bytes
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import measured_segments, sweep_uniform
 from jaxremat._backends.measure import compile_step

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 
-from jaxremat._api.planner import fmt_bytes
+from jaxremat._api.planning import fmt_bytes
 from jaxremat._errors import InvalidArgumentError, InvalidBudgetError
 
 

@@ -3,18 +3,19 @@ XLA-aware estimate (chains), model G (graphs) or the replay of the compiled step
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
 from jaxremat._api import checks
+from jaxremat._api.graph_planner import GraphPlanner, graph_kept
+from jaxremat._api.planning import TIE, below_least, every_k_plans, fmt_bytes, near_ties
 from jaxremat._backends.estimate import estimate_temp_bytes
 from jaxremat._backends.graph_profile import profile_graph
 from jaxremat._backends.profile import Buffers, profile
 from jaxremat._backends.refine import MAX_LAYERS as MAX_REFINE_LAYERS
-from jaxremat._backends.refine import neighbours, refine
+from jaxremat._backends.refine import refine
 from jaxremat._backends.replay import Replay, chain_kept
 from jaxremat._backends.targets import Target
 from jaxremat._errors import (InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError,
@@ -23,17 +24,14 @@ from jaxremat._jaxpr import sharding as _sharding
 from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._jaxpr.trace import TracedChain, split_kwargs
 from jaxremat._model.chain import Chain, Plan, recompute_flops, validate_plan
-from jaxremat._model.graph import GraphChain, graph_peak_bytes, graph_recompute_flops
 from jaxremat._model.simulate import simulate_peak_bytes
-from jaxremat.solvers import solve, uniform_plan
-from jaxremat.solvers._graph import GRAPH_SOLVERS, solve_graph, solve_graph_budget
+from jaxremat.solvers import solve
 
 #: Strategies listed by ``Remat.report`` next to the chosen plan.
 REPORTED_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
 #: Longest chain predicted by the estimate, whose buffer walk is O(n^2) (3,000 layers:
 #: 10 s); longer chains are predicted by model R.
 ESTIMATE_MAX_LAYERS = 1_000
-_TIE = 0.01  # estimates this close (relative) are a tie: the estimate's errors are larger
 _MODEL_A_MAX_LAYERS = 1_000  # model A's O(n^3) program: 33 ms at n = 1,000
 
 
@@ -87,7 +85,7 @@ class ChainPlanner:
     try:
       return solve(self.chain, "budget", budget_bytes=budget_bytes - offset)
     except InfeasibleBudgetError as err:
-      raise _below_least(budget_bytes, err.min_feasible_bytes + offset, self.fixed_bytes) from None
+      raise below_least(budget_bytes, err.min_feasible_bytes + offset, self.fixed_bytes) from None
 
   def validate(self, plan: Plan) -> None:
     validate_plan(plan, self.chain.n)
@@ -152,7 +150,7 @@ class ChainPlanner:
 
   def ties(self, plan: Plan, count: int) -> list[Plan]:
     """Up to ``count`` plans the estimate cannot tell from ``plan``: the near ties of
-    ``plan`` and of model R's optimum that it predicts at most ``_TIE`` above ``plan``,
+    ``plan`` and of model R's optimum that it predicts at most ``TIE`` above ``plan``,
     least estimate first (then least recompute). Refine's one-checkpoint toggles stop at
     a local least, so the optimum's neighbours can be below it."""
     own = self.temp_bytes(plan)
@@ -160,7 +158,7 @@ class ChainPlanner:
                                        *self.near_ties(solve(self.chain, "optimal"), count)]}
     found.pop(plan.checkpoints, None)
     keys = {c: (self.temp_bytes(p), recompute_flops(self.chain, p)) for c, p in found.items()}
-    ranked = sorted((c for c in found if keys[c][0] <= own * (1 + _TIE)), key=keys.__getitem__)
+    ranked = sorted((c for c in found if keys[c][0] <= own * (1 + TIE)), key=keys.__getitem__)
     return [found[c] for c in ranked[:count]]
 
   def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
@@ -179,148 +177,6 @@ class ChainPlanner:
   def reported_plans(self, plan: Plan) -> dict[str, Plan]:
     return {m: plan if m == plan.method else solve(self.chain, m)
             for m in dict.fromkeys([*REPORTED_METHODS, plan.method])}
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphPlanner:
-  """Plans for a graph of layers (skip tensors): model G, solved exactly in O(n^2).
-
-  Attributes:
-    chain: the profiled graph (values, residuals, FLOPs per layer).
-    fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
-    not_a_chain: which layer skips which (the reason the model is planned as a graph).
-    replay: the compiled plain step, when the compiled profile predicts (else None:
-      model G's peak over the fixed bytes).
-  """
-
-  chain: GraphChain
-  fixed_bytes: int
-  not_a_chain: str = ""
-  scans: tuple[ScanPlan, ...] = ()
-  replay: Replay | None = None
-
-  @property
-  def profile(self) -> str:
-    """Which profile predicts: ``"compiled"`` (the replay) or ``"jaxpr"`` (model G)."""
-    return "compiled" if self.replay is not None else "jaxpr"
-
-  @property
-  def ranks_candidates(self) -> bool:
-    """Whether verify compiles the candidates of least prediction first: with the replay,
-    up to refine's ``MAX_LAYERS`` layers (beyond, n replays would cost minutes: 0.3 s
-    each on a ViT of 151 layers). Model G orders the plans of a graph less well than the
-    estimate orders a chain's."""
-    return self.replay is not None and self.chain.n <= MAX_REFINE_LAYERS
-
-  def temp_bytes(self, plan: Plan) -> int:
-    """Predicted temp bytes of ``plan`` (the footprint less the fixed bytes), to rank by."""
-    return self.total_bytes(plan) - (self.replay.fixed_bytes if self.replay else self.fixed_bytes)
-
-  @property
-  def input_bytes(self) -> int:
-    """Bytes of the batch values the layers read (cut 0)."""
-    return self.chain.crossing_bytes(0)
-
-  def solve(self, method: str, refine_plan: bool = True) -> Plan:
-    """Model G's plan; its optimum refined against the replay (``refine``) when the
-    compiled profile predicts."""
-    if method not in GRAPH_SOLVERS:
-      raise NotAChainError(
-          f"{self.not_a_chain} jaxremat plans such a model as a graph, whose solvers are "
-          f"{sorted(GRAPH_SOLVERS)}; method={method!r} is not one of them.")
-    plan = solve_graph(self.chain, method)
-    if method == "optimal" and refine_plan and self.replay is not None:
-      plan = refine(self.chain.n, plan, self.temp_bytes, self.recompute_flops)
-    return plan
-
-  def solve_budget(self, budget_bytes: int) -> Plan:
-    """Model G's plan of least recompute within ``budget_bytes`` (a whole-step budget).
-    Where the replay ranks plans (``ranks_candidates``), the least recompute of that
-    plan, the checkpoint-every-k plans and the refined optimum that the replay puts
-    within the budget."""
-    offset = self.fixed_bytes - self.chain.crossing_bytes(0)
-    if not self.ranks_candidates:
-      try:
-        return solve_graph_budget(self.chain, budget_bytes - offset)
-      except InfeasibleBudgetError as err:
-        raise _below_least(budget_bytes, err.min_feasible_bytes + offset,
-                           self.fixed_bytes) from None
-    tried = [*every_k_plans(self.chain.n), self.solve("optimal")]
-    with contextlib.suppress(InfeasibleBudgetError):  # the replay may put another within it
-      tried.insert(0, solve_graph_budget(self.chain, budget_bytes - offset))
-    fits = [p for p in tried if self.total_bytes(p) <= budget_bytes]
-    if not fits:
-      least = min(self.total_bytes(p) for p in tried)
-      raise _below_least(budget_bytes, least, self.fixed_bytes)
-    best = min(fits, key=lambda p: (self.recompute_flops(p), self.total_bytes(p)))
-    return Plan(best.checkpoints, method="budget")
-
-  def validate(self, plan: Plan) -> None:
-    validate_plan(plan, self.chain.n)
-    if plan.is_nested:
-      raise NotAChainError(
-          f"{self.not_a_chain} jaxremat plans such a model as a graph, which takes "
-          "single-level plans only (no Plan.inner).")
-
-  def peak_bytes(self, plan: Plan) -> int:
-    """Model G's peak of ``plan`` (bytes)."""
-    return graph_peak_bytes(self.chain, plan)
-
-  def total_bytes(self, plan: Plan) -> int:
-    """Predicted XLA footprint of the gradient step under ``plan`` (bytes): the replay's,
-    or the fixed bytes plus model G's peak less the batch (in the fixed bytes)."""
-    if self.replay is not None:
-      self.validate(plan)
-      return self.replay.total_bytes(plan.checkpoints)
-    return self.fixed_bytes + graph_peak_bytes(self.chain, plan) - self.chain.crossing_bytes(0)
-
-  def recompute_flops(self, plan: Plan) -> int:
-    return graph_recompute_flops(self.chain, plan)
-
-  def candidates(self, plan: Plan) -> list[Plan]:
-    """Every layer kept, model G's best uniform plan and optimum, the replay's best
-    uniform plans (where it ranks them), then the plans one kept cut away from ``plan``,
-    least model-G peak first. Compiled in this order where ``ranks_candidates`` is
-    False, else least replayed footprint first."""
-    g = self.chain
-    near = [Plan(tuple(sorted(set(plan.checkpoints) ^ {k}))) for k in range(1, g.n)]
-    near.sort(key=lambda p: (graph_peak_bytes(g, p), graph_recompute_flops(g, p)))
-    return [*(solve_graph(g, m) for m in ("every-layer", "best-uniform", "optimal")),
-            *(self.best_uniform(3) if self.ranks_candidates else []), *near]
-
-  def budget_fallbacks(self) -> list[Plan]:
-    return [solve_graph(self.chain, "optimal"), *self.best_uniform(1),
-            solve_graph(self.chain, "best-uniform")]
-
-  def best_uniform(self, count: int) -> list[Plan]:
-    """The ``count`` checkpoint-every-k plans of least predicted footprint (of least
-    model-G peak without the replay, or beyond refine's ``MAX_LAYERS`` layers)."""
-    return sorted(every_k_plans(self.chain.n),
-                  key=self.temp_bytes if self.ranks_candidates else self.peak_bytes)[:count]
-
-  def second_opinion(self) -> tuple[Plan, ...]:
-    """With the compiled profile, model G's optimum (an independent prediction's plan);
-    else none."""
-    return (solve_graph(self.chain, "optimal"),) if self.replay else ()
-
-  def ties(self, plan: Plan, count: int) -> list[Plan]:
-    """With the replay, the plans one checkpoint away that it predicts within ``_TIE``
-    (``near_ties``). Else none: model G does not tell a graph's plans apart finely
-    enough to call two a tie (``verify=True`` compiles the plans one cut away)."""
-    return near_ties(self, plan, count) if self.replay else []
-
-  def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
-    g, kept = self.chain, set(plan.checkpoints)
-    rows: list[tuple[str, ...]] = [("#", "layer", "cut keeps", "values", "plan")]
-    for t in range(1, g.n + 1):
-      cut = (fmt_bytes(g.crossing_bytes(t)), str(len(g.crossing(t)))) if t < g.n else ("", "")
-      rows.append((str(t), g.names[t - 1], *cut, "kept cut after" if t in kept else ""))
-    return rows
-
-  def reported_plans(self, plan: Plan) -> dict[str, Plan]:
-    return {m: plan if m == plan.method else solve_graph(self.chain, m)
-            for m in dict.fromkeys(["none", "every-layer", "best-uniform", "optimal",
-                                    plan.method])}
 
 
 Planner = ChainPlanner | GraphPlanner
@@ -375,40 +231,6 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
                       compiled(traced, chain_kept(chain.act_bytes)) if compiled else None)
 
 
-def graph_kept(graph: GraphChain) -> tuple[tuple[int, int, int], ...]:
-  """``Replay.kept`` of a graph: the values its layers make, read by later ones."""
-  return tuple((made, last, size) for made, last, size
-               in zip(graph.defined, graph.last_use, graph.value_bytes) if made > 0)
-
-
-def near_ties(planner: ChainPlanner | GraphPlanner, plan: Plan, count: int) -> list[Plan]:
-  """Up to ``count`` plans one checkpoint away from ``plan`` whose predicted temp bytes
-  are within ``_TIE`` of ``plan``'s, least prediction first (then least recompute): plans
-  the prediction cannot tell apart, which XLA's footprint can. None beyond refine's
-  ``MAX_LAYERS`` layers."""
-  n = planner.chain.n
-  if n > MAX_REFINE_LAYERS or plan.is_nested:
-    return []
-  near = set(neighbours(plan.checkpoints, n))
-  limit = planner.temp_bytes(plan) * (1 + _TIE)
-  keys = {c: (planner.temp_bytes(Plan(c)), planner.recompute_flops(Plan(c))) for c in near}
-  ties = sorted((c for c in near if keys[c][0] <= limit), key=keys.__getitem__)
-  return [Plan(c) for c in ties[:count]]
-
-
-def every_k_plans(n: int) -> list[Plan]:
-  """The checkpoint-every-k plans of ``n`` layers that keep a checkpoint, k = 1..n-1."""
-  return [uniform_plan(n, k) for k in range(1, n)]
-
-
-def fmt_bytes(num_bytes: int) -> str:
-  """``num_bytes`` in the largest binary unit it reaches, e.g. ``1.50 MiB``."""
-  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-    if abs(num_bytes) >= scale:
-      return f"{num_bytes / scale:.2f} {unit}"
-  return f"{num_bytes} B"
-
-
 def check_holds_inputs(budget_bytes: int, params: Any, batch: Any, model_kwargs: dict[str, Any],
                        name: str, hint: str, given: Any = None) -> None:
   """Rejects a budget (bytes) below what every training step holds whatever the plan:
@@ -424,15 +246,6 @@ def check_holds_inputs(budget_bytes: int, params: Any, batch: Any, model_kwargs:
         f"({fmt_bytes(held)}) that the parameters, the batch and the parameter gradients "
         f"hold in every training step, before any activation: no plan fits it. {hint}",
         budget_bytes=budget_bytes, min_feasible_bytes=held)
-
-
-def _below_least(budget_bytes: int, least: int, fixed_bytes: int) -> InfeasibleBudgetError:
-  return InfeasibleBudgetError(
-      f"budget_bytes={budget_bytes} ({fmt_bytes(budget_bytes)}) is below the least "
-      f"footprint any plan reaches by jaxremat's prediction, {least} bytes "
-      f"({fmt_bytes(least)}: {fmt_bytes(fixed_bytes)} of parameters, batch and gradients "
-      "plus the least activation peak). Raise the budget or shrink the batch.",
-      budget_bytes=budget_bytes, min_feasible_bytes=least)
 
 
 def check_budget_method(method: str) -> None:

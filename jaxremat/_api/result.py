@@ -7,7 +7,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from jaxremat._api.planner import ChainPlanner, Planner, fmt_bytes
+from jaxremat._api.planner import ChainPlanner, Planner
+from jaxremat._api.planning import fmt_bytes
 from jaxremat._errors import NotAChainError
 from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._model.chain import Chain, Plan, peak_bytes

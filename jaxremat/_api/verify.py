@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jaxremat._api.planner import Planner, fmt_bytes
+from jaxremat._api.planner import Planner
+from jaxremat._api.planning import fmt_bytes
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import TracedChain
