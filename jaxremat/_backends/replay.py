@@ -227,15 +227,20 @@ class Replay:
     held: collections.Counter[tuple[int, int]] = collections.Counter()
     output = -1  # the output buffer XLA put the value being replayed in (-1: none)
 
-    def add(a: int, b: int, size: int) -> None:
+    def add(a: int, b: int, size: int, host: int | None = None) -> None:
       if b >= a and size > 0:
-        found.append((a, b, size, output))
+        found.append((a, b, size, output if host is None else host))
 
     def at(t: int) -> int:
       return pos["F" if t < turn else "B", t]
 
+    crossing: dict[int, list[Value]] = collections.defaultdict(list)
     for v in self.values:
       output = v.output
+      if v.first >= turn and (s := segment_of[self.backward_layer[v.last - turn]]) < (
+          segment_of[self.backward_layer[v.first - turn]]):
+        crossing[s].append(v)  # a cotangent into a recomputed segment: placed below
+        continue
       if not v.from_model or v.first >= turn:  # over its steps, which may run reordered
         steps = [at(v.first), at(v.last)]
         steps += [pos[key] for t in v.forward_reads
@@ -268,6 +273,8 @@ class Replay:
           add(at(first), at(v.forward_read), v.size)
         start, end = pos["R", s, first], at(v.last)
         add(start if end >= start else at(first), end, v.size)
+    for s, into in crossing.items():
+      self._cotangents(s, into, keeps, pos, add)
     output = -1  # a checkpoint: none in the plain step
     for (s, made_by), size in keeps.items():  # what the cut keeps no replayed value holds
       c = segments[s][1]
@@ -277,6 +284,29 @@ class Replay:
                  default=turn + len(self.backward_layer) - 1)
       add(at(made), at(read), max(0, size - held[s, made_by]))
     return found
+
+  def _cotangents(self, s: int, into: list[Value], keeps: collections.Counter[tuple[int, int]],
+                  pos: dict[tuple[Any, ...], int], add: Callable[..., None]) -> None:
+    """Places the backward values made after segment ``s``'s backward and read by it
+    (``into``), over their steps; but one larger than each value ``s``'s cut keeps (a
+    concatenation's cotangent read slice by slice, an f32 cotangent of a bf16 value)
+    is no cotangent of one: XLA hands a checkpointed segment's backward the cotangent
+    of each of its outputs, summed (and cast) before the recompute. Such a value ends
+    where the recompute starts, and from there the cut's cotangents live to their
+    layer's backward."""
+    cut = {made: size for (t, made), size in keeps.items() if t == s}
+    recompute = [p for key, p in pos.items() if key[0] == "R" and key[1] == s]
+    wide = max(cut.values(), default=0)
+    for v in into:
+      end = pos["B", v.last]
+      if recompute and cut and v.size > wide:
+        end = min(recompute) - 1
+      add(pos["B", v.first], end, v.size, v.output)
+    if recompute and cut and any(v.size > wide for v in into):
+      for made, size in cut.items():
+        ends = [pos["B", t] for t, layer in enumerate(self.backward_layer, start=self.turn)
+                if layer == made - 1]
+        add(min(recompute), max(ends, default=min(recompute)), size, -1)
 
 
 def chain_kept(act_bytes: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
