@@ -13,6 +13,7 @@ from jaxremat._backends.policy_options import scan_policy
 from jaxremat._errors import InputMismatchError, InvalidArgumentError, JaxrematError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import emit
+from jaxremat._jaxpr.regroup import own_work_path
 from jaxremat._jaxpr.trace import PRIVATE_KWARGS, TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Plan
 from jaxremat._model.policy_plan import PolicyPlan
@@ -63,12 +64,8 @@ def _same_layers(names: tuple[str, ...], planned: tuple[str, ...]) -> bool:
   """The same layers, one for one: modules by name; a module's work outside its children,
   named by its primitives after the module's path (``decoder/(reduce_sum,div)``), by the
   path and place (a cast adds a primitive to its name)."""
-  def outside(name: str) -> str | None:  # the module's path, for its own work; else None
-    path, _, last = name.rpartition("/")
-    return path if last.startswith("(") else None
-
   return len(names) == len(planned) and all(
-      a == b or (outside(a) is not None and outside(a) == outside(b))
+      a == b or (own_work_path(a) is not None and own_work_path(a) == own_work_path(b))
       for a, b in zip(names, planned))
 
 

@@ -28,6 +28,7 @@ import os
 import re
 
 from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr.regroup import own_work_path
 from jaxremat._jaxpr.trace import TracedChain
 
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
@@ -153,9 +154,10 @@ class LayerNames:
     self.root = roots.most_common(1)[0][0] if roots else ""
     self.paths: list[tuple[tuple[str, ...], bool]] = []  # (path, named module?) per layer
     for layer in traced.layers:
-      parts = tuple(re.sub(r"#\d+$", "", layer.name).split("/"))
-      outside = parts[-1].startswith("(")
-      self.paths.append((parts[:-1] if outside else parts, not outside))
+      name = re.sub(r"#\d+$", "", layer.name)
+      own = own_work_path(name)
+      self.paths.append((tuple(p for p in (name if own is None else own).split("/") if p),
+                         own is None))
 
   def path(self, op_name: str) -> tuple[str, ...] | None:
     """The name-stack path below the root of a model op (None: not the model's)."""

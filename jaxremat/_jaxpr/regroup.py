@@ -106,7 +106,7 @@ def attach_output_work(groups: list[Group], invariant: set, outvars: Sequence[An
         made_by[v] = li
   moved: dict[int, int] = {}  # group -> the group it joins
   for li, (name, eqns) in enumerate(groups):
-    if not name.rsplit("/", 1)[-1].startswith("(") or li == 0:
+    if own_work_path(name) is None or li == 0:
       continue  # a module's layer, or the first
     made = [v for e in eqns for v in e.outvars]
     if any(read_by[v] - {li} for v in made) or not any(v in outputs for v in made):
@@ -142,3 +142,11 @@ def first_skip(groups: Sequence[Group], invariant: set) -> tuple[int, int] | Non
       for v in eqn.outvars:
         made_by[v] = li
   return None
+
+
+def own_work_path(name: str) -> str | None:
+  """The module path of a layer that is a module's own work, its equations outside the
+  module's children (named by their primitives after the path: ``decoder/(reduce_sum,div)``,
+  ``(add,mul)#2`` at the root: ``""``); None for a module's layer."""
+  path, _, last = name.rpartition("/")
+  return path if last.startswith("(") else None
