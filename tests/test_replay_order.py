@@ -94,3 +94,38 @@ def test_a_value_made_once_lives_on_to_where_a_recomputed_segment_reads_it_again
   assert r.intervals(()) == [(0, 0, 300)]
   assert [(a, b) for a, b, size in r.intervals((2,)) if size == 300] == [(0, 4)]
   assert [(a, b) for a, b, size in r.intervals((1,)) if size == 300] == [(0, 0)]
+
+
+def _four_layers(*values: Value) -> Replay:
+  """Four layers, one step each: the forward (steps 0-3), the backward (steps 4-7) from
+  layer 3 down; each cut keeps 100 bytes (a chain)."""
+  return Replay(values=values, turn=4, forward_layer=(0, 1, 2, 3), backward_layer=(3, 2, 1, 0),
+                kept=chain_kept((0, 100, 100, 100, 0)), layers=4, fixed_bytes=0)
+
+
+def test_a_cotangent_wider_than_the_cut_ends_where_the_recompute_starts():
+  # Layer 2's backward (step 5) makes 200 bytes that layer 1's backward (step 6) reads:
+  # more than the 100 bytes cut 2 keeps of layer 2 (an f32 cotangent of a bf16 output, a
+  # concatenation's). Under plan (2,) XLA hands the recomputed segment (layers 0-1) the
+  # cut's 100-byte cotangent, summed before the recompute: the 200 bytes end at the
+  # recompute (virtual steps 6-7), the 100 live from there to layer 1's backward (step 8).
+  # (The checkpoint x_2 itself: 100 bytes from layer 1's forward to layer 2's backward.)
+  r = _four_layers(Value(5, 6, 200, True, None))
+  assert sorted(r.intervals((2,))) == [(1, 5, 100), (5, 5, 200), (6, 8, 100)]
+  # Plan (1, 2, 3): layer 1's segment is recomputed at virtual step 7, after layer 2's
+  # recompute (5) and backward (6); the checkpoints x_1, x_2, x_3 as before.
+  assert sorted(r.intervals((1, 2, 3))) == [(0, 8, 100), (1, 6, 100), (2, 4, 100),
+                                            (6, 6, 200), (7, 8, 100)]
+  # No wider than the cut: over its steps, across the recompute.
+  r = _four_layers(Value(5, 6, 100, True, None))
+  assert sorted(r.intervals((2,))) == [(1, 5, 100), (5, 8, 100)]
+
+
+def test_a_weights_copy_one_layer_reads_is_made_again_in_its_recompute():
+  # A copy of a weight (50 bytes) that XLA made at the start of the plain step (step 0)
+  # for layer 2, read by its forward (step 2) and its backward (step 5). It belongs to
+  # layer 2: under plan (3,) it lives at layer 2's forward read (step 2), and again from
+  # layer 2's recompute (virtual step 7) to its backward (8); held from step 0 as a value
+  # made once, it would span every step. (The checkpoint x_3: steps 2-4.)
+  copy = Value(0, 5, 50, True, 2, -1, 2, (), 2)
+  assert sorted(_four_layers(copy).intervals((3,))) == [(2, 2, 50), (2, 4, 100), (7, 8, 50)]

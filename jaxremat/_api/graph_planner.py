@@ -80,7 +80,7 @@ class GraphPlanner:
         return solve_graph_budget(self.chain, budget_bytes - offset)
       except InfeasibleBudgetError as err:
         raise below_least(budget_bytes, err.min_feasible_bytes + offset,
-                           self.fixed_bytes) from None
+                          self.fixed_bytes) from None
     tried = [*every_k_plans(self.chain.n), self.solve("optimal")]
     with contextlib.suppress(InfeasibleBudgetError):  # the replay may put another within it
       tried.insert(0, solve_graph_budget(self.chain, budget_bytes - offset))

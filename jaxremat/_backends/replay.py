@@ -44,9 +44,11 @@ from jaxremat._jaxpr.trace import TracedChain
 class Value:
   """A value of the plain step, in its temp allocation or put by XLA in an output buffer
   before the output is written: schedule steps (both included), bytes, whether the
-  batch or a layer makes it (else: an iota or a constant, made once), the last forward
-  step that reads it (None: none), the output buffer (index in ``Replay.grads``), and
-  of a value made once, the forward steps that read it."""
+  batch or a layer makes it (else: an iota or a constant, made once; a weight's copy
+  that one layer reads counts as that layer's), the last forward step that reads it
+  (None: none), the output buffer (index in ``Replay.grads``), of a value made once,
+  the forward steps that read it, and the layer it belongs to where that is not the
+  layer of its first step (a weight's copy: its reader's)."""
 
   first: int
   last: int
@@ -211,7 +213,8 @@ class Replay:
     segment, from the forward to its backward read; of an earlier segment, in the
     forward while the forward reads it and from its recompute to its backward read;
     read by a later segment's backward, a value its kept cut holds (up to the bytes the
-    cut keeps of its layer, ``kept``); a backward value over its steps. What a kept
+    cut keeps of its layer, ``kept``); a backward value over its steps (a cotangent
+    into a recomputed segment: ``_cotangents``). What a kept
     cut holds of a layer beyond that: from the layer's forward to the backward of the
     layer after the cut (a chain's ``x_c``: ``a_c`` bytes from layer ``c``'s forward
     to layer ``c + 1``'s backward).
@@ -287,22 +290,22 @@ class Replay:
 
   def _cotangents(self, s: int, into: list[Value], keeps: collections.Counter[tuple[int, int]],
                   pos: dict[tuple[Any, ...], int], add: Callable[..., None]) -> None:
-    """Places the backward values made after segment ``s``'s backward and read by it
-    (``into``), over their steps; but one larger than each value ``s``'s cut keeps (a
-    concatenation's cotangent read slice by slice, an f32 cotangent of a bf16 value)
-    is no cotangent of one: XLA hands a checkpointed segment's backward the cotangent
-    of each of its outputs, summed (and cast) before the recompute. Such a value ends
-    where the recompute starts, and from there the cut's cotangents live to their
-    layer's backward."""
+    """Places the backward values a later segment's backward makes and recomputed
+    segment ``s``'s backward reads (``into``): over their steps; but where one of them
+    is larger than the bytes ``s``'s cut keeps of any one layer, it is no cotangent of a
+    kept value (a concatenation's, read slice by slice; an f32 cotangent of a bf16
+    value; a cotangent laid out again for a convolution). XLA hands a checkpointed
+    segment's backward the cotangent of each of its outputs, summed and cast before
+    the recompute: then every value in ``into`` ends where the recompute starts, and
+    the cut's cotangents (the bytes it keeps of each layer) live from there to the
+    backward of the layer that made them."""
     cut = {made: size for (t, made), size in keeps.items() if t == s}
     recompute = [p for key, p in pos.items() if key[0] == "R" and key[1] == s]
-    wide = max(cut.values(), default=0)
+    summed = bool(recompute and cut and max(v.size for v in into) > max(cut.values()))
     for v in into:
-      end = pos["B", v.last]
-      if recompute and cut and v.size > wide:
-        end = min(recompute) - 1
-      add(pos["B", v.first], end, v.size, v.output)
-    if recompute and cut and any(v.size > wide for v in into):
+      add(pos["B", v.first], min(recompute) - 1 if summed else pos["B", v.last], v.size,
+          v.output)
+    if summed:
       for made, size in cut.items():
         ends = [pos["B", t] for t, layer in enumerate(self.backward_layer, start=self.turn)
                 if layer == made - 1]
@@ -428,8 +431,9 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
     last = v.last - 1 if (v.index, v.last, v.offset) in starts and v.last > v.first else v.last
     first_read = min((step[u] for u in v.uses if u in step), default=None)
     reader = forward_layer[reads[0]] if reads else -1
-    if (unfed and not by_layer and v.instr in weights and {forward_layer[t] for t in reads}
-        == {reader} and (v.last < turn or backward_layer[v.last - turn] == reader)):
+    readers = {backward_layer[step[u] - turn] for u in v.uses if step.get(u, -1) >= turn}
+    if (unfed and not by_layer and v.instr in weights
+        and {forward_layer[t] for t in reads} | readers == {reader}):
       # a weight's copy (a bf16 cast, a transpose) one layer reads: that layer's value
       values.append(Value(v.first, last, v.size, True, reads[-1], output_of.get(id(v), -1),
                           reads[0], (), reader))

@@ -155,9 +155,8 @@ class LayerNames:
     self.paths: list[tuple[tuple[str, ...], bool]] = []  # (path, named module?) per layer
     for layer in traced.layers:
       name = re.sub(r"#\d+$", "", layer.name)
-      own = own_work_path(name)
-      self.paths.append((tuple(p for p in (name if own is None else own).split("/") if p),
-                         own is None))
+      parts, outside = tuple(name.split("/")), own_work_path(name) is not None
+      self.paths.append((parts[:-1] if outside else parts, not outside))
 
   def path(self, op_name: str) -> tuple[str, ...] | None:
     """The name-stack path below the root of a model op (None: not the model's)."""
