@@ -121,11 +121,11 @@ def test_a_cotangent_wider_than_the_cut_ends_where_the_recompute_starts():
   assert sorted(r.intervals((2,))) == [(1, 5, 100), (5, 8, 100)]
 
 
-def test_a_weights_copy_one_layer_reads_is_made_again_in_its_recompute():
-  # A copy of a weight (50 bytes) that XLA made at the start of the plain step (step 0)
+def test_a_weights_cast_one_layer_reads_is_made_again_in_its_recompute():
+  # A cast of a weight (50 bytes) that XLA made at the start of the plain step (step 0)
   # for layer 2, read by its forward (step 2) and its backward (step 5). It belongs to
   # layer 2: under plan (3,) it lives at layer 2's forward read (step 2), and again from
   # layer 2's recompute (virtual step 7) to its backward (8); held from step 0 as a value
   # made once, it would span every step. (The checkpoint x_3: steps 2-4.)
-  copy = Value(0, 5, 50, True, 2, -1, 2, (), 2)
-  assert sorted(_four_layers(copy).intervals((3,))) == [(2, 2, 50), (2, 4, 100), (7, 8, 50)]
+  cast = Value(0, 5, 50, True, 2, -1, 2, (), 2)
+  assert sorted(_four_layers(cast).intervals((3,))) == [(2, 2, 50), (2, 4, 100), (7, 8, 50)]

@@ -44,11 +44,11 @@ from jaxremat._jaxpr.trace import TracedChain
 class Value:
   """A value of the plain step, in its temp allocation or put by XLA in an output buffer
   before the output is written: schedule steps (both included), bytes, whether the
-  batch or a layer makes it (else: an iota or a constant, made once; a weight's copy
+  batch or a layer makes it (else: an iota or a constant, made once; a weight's cast
   that one layer reads counts as that layer's), the last forward step that reads it
   (None: none), the output buffer (index in ``Replay.grads``), of a value made once,
   the forward steps that read it, and the layer it belongs to where that is not the
-  layer of its first step (a weight's copy: its reader's)."""
+  layer of its first step (a weight's cast: its reader's)."""
 
   first: int
   last: int
@@ -198,10 +198,11 @@ class Replay:
     XLA makes it when the layer first reads it, and the replay starts it there, in the
     forward and in the recompute (not a value one layer makes for another: CPU VGGs
     keep a later layer's weight transposes from early on under remat too). So does a
-    nameless copy of a weight that one layer reads (a bf16 cast XLA's CPU backend
-    hoists to the start of the step): it belongs to its reader's layer, and XLA makes
-    it again in that layer's recompute (the CPU bf16 uneven MLP's every-k plans were
-    replayed 11.3% off on average while it was held from the start, 4.8% now).
+    nameless cast of a weight that one layer alone reads (the bf16 cast XLA's CPU
+    backend hoists to the start of the step): it belongs to its reader's layer, and
+    XLA makes it again in that layer's recompute. Not a weight's transpose: the H100
+    VGGs keep those from early on under remat (made again, VGG-16's plan went from the
+    least to 19% above it).
 
     A value made once (no layer and no batch value makes it: an iota, a constant) lives
     over its steps, and on to where a recomputed segment reads it again: XLA shares the
@@ -432,9 +433,9 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
     first_read = min((step[u] for u in v.uses if u in step), default=None)
     reader = forward_layer[reads[0]] if reads else -1
     readers = {backward_layer[step[u] - turn] for u in v.uses if step.get(u, -1) >= turn}
-    if (unfed and not by_layer and v.instr in weights
+    if (unfed and not by_layer and v.instr in weights and "convert" in v.instr
         and {forward_layer[t] for t in reads} | readers == {reader}):
-      # a weight's copy (a bf16 cast, a transpose) one layer reads: that layer's value
+      # a weight's cast (XLA names a fusion by its ops) one layer reads: that layer's
       values.append(Value(v.first, last, v.size, True, reads[-1], output_of.get(id(v), -1),
                           reads[0], (), reader))
       continue
