@@ -107,8 +107,8 @@ def test_a_cotangent_wider_than_the_cut_ends_where_the_recompute_starts():
   # Layer 2's backward (step 5) makes 200 bytes that layer 1's backward (step 6) reads:
   # more than the 100 bytes cut 2 keeps of layer 2 (an f32 cotangent of a bf16 output, a
   # concatenation's). Under plan (2,) XLA hands the recomputed segment (layers 0-1) the
-  # cut's 100-byte cotangent, summed before the recompute: the 200 bytes end at the
-  # recompute (virtual steps 6-7), the 100 live from there to layer 1's backward (step 8).
+  # cut's 100-byte cotangent, summed before the recompute: the 200 bytes end just before
+  # it (virtual steps 6-7), the 100 live from there to layer 1's backward (step 8).
   # (The checkpoint x_2 itself: 100 bytes from layer 1's forward to layer 2's backward.)
   r = _four_layers(Value(5, 6, 200, True, None))
   assert sorted(r.intervals((2,))) == [(1, 5, 100), (5, 5, 200), (6, 8, 100)]

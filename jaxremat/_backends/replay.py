@@ -290,14 +290,15 @@ class Replay:
     return found
 
   def _cotangents(self, s: int, into: list[Value], keeps: collections.Counter[tuple[int, int]],
-                  pos: dict[tuple[Any, ...], int], add: Callable[..., None]) -> None:
+                  pos: dict[tuple[Any, ...], int],
+                  add: Callable[[int, int, int, int | None], None]) -> None:
     """Places the backward values a later segment's backward makes and recomputed
     segment ``s``'s backward reads (``into``): over their steps; but where one of them
-    is larger than the bytes ``s``'s cut keeps of any one layer, it is no cotangent of a
+    is larger than the most ``s``'s cut keeps of any one layer, it is no cotangent of a
     kept value (a concatenation's, read slice by slice; an f32 cotangent of a bf16
     value; a cotangent laid out again for a convolution). XLA hands a checkpointed
     segment's backward the cotangent of each of its outputs, summed and cast before
-    the recompute: then every value in ``into`` ends where the recompute starts, and
+    the recompute: then every value in ``into`` ends just before the recompute, and
     the cut's cotangents (the bytes it keeps of each layer) live from there to the
     backward of the layer that made them."""
     cut = {made: size for (t, made), size in keeps.items() if t == s}
@@ -433,7 +434,7 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
     first_read = min((step[u] for u in v.uses if u in step), default=None)
     reader = forward_layer[reads[0]] if reads else -1
     readers = {backward_layer[step[u] - turn] for u in v.uses if step.get(u, -1) >= turn}
-    if (unfed and not by_layer and v.instr in weights and "convert" in v.instr
+    if (reads and unfed and not by_layer and v.instr in weights and "convert" in v.instr
         and {forward_layer[t] for t in reads} | readers == {reader}):
       # a weight's cast (XLA names a fusion by its ops) one layer reads: that layer's
       values.append(Value(v.first, last, v.size, True, reads[-1], output_of.get(id(v), -1),
