@@ -375,14 +375,17 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
   leaf = {name for name, (_, is_leaf) in ops.items() if is_leaf}
   paths = {name: layers.path(op) for name, (op, _) in ops.items()}
   backward = {name for name, (op, _) in ops.items() if "transpose(" in op}
-  data = {name for name in leaf if ops[name][0].startswith("batch")}  # the batch's parameters
-  for name in schedule:
-    if producers[name] & data:
-      data.add(name)
-  weights = {name for name in leaf if ops[name][0].startswith(("params", "arrays"))}
-  for name in schedule:  # computed from the parameters (or array kwargs), not the batch
-    if producers[name] & weights:
-      weights.add(name)
+
+  def computed_from(*arguments: str) -> set[str]:
+    """The step's arguments named so (``batch``, ``params``, ...) and what reads them."""
+    found = {name for name in leaf if ops[name][0].startswith(arguments)}
+    for name in schedule:
+      if producers[name] & found:
+        found.add(name)
+    return found
+
+  data = computed_from("batch")
+  weights = computed_from("params", "arrays")  # the parameters and array kwargs
   forward = {name for name in data - backward - leaf if ops.get(name, ("",))[0]}
   turn = _turn(schedule, producers, backward, data, forward, len(traced.layers))
   layer_of: dict[str, int] = {}
@@ -432,14 +435,15 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
     by_layer = paths.get(v.instr) is not None
     last = v.last - 1 if (v.index, v.last, v.offset) in starts and v.last > v.first else v.last
     first_read = min((step[u] for u in v.uses if u in step), default=None)
-    reader = forward_layer[reads[0]] if reads else -1
-    readers = {backward_layer[step[u] - turn] for u in v.uses if step.get(u, -1) >= turn}
-    if (reads and unfed and not by_layer and v.instr in weights and "convert" in v.instr
-        and {forward_layer[t] for t in reads} | readers == {reader}):
-      # a weight's cast (XLA names a fusion by its ops) one layer reads: that layer's
-      values.append(Value(v.first, last, v.size, True, reads[-1], output_of.get(id(v), -1),
-                          reads[0], (), reader))
-      continue
+    # a weight's cast (XLA names a fusion by its ops) that one layer reads: that layer's
+    if reads and unfed and not by_layer and v.instr in weights and "convert" in v.instr:
+      reader = forward_layer[reads[0]]
+      readers = {forward_layer[t] for t in reads}
+      readers |= {backward_layer[step[u] - turn] for u in v.uses if step.get(u, -1) >= turn}
+      if readers == {reader}:
+        values.append(Value(v.first, last, v.size, True, reads[-1], output_of.get(id(v), -1),
+                            reads[0], (), reader))
+        continue
     values.append(Value(v.first, last, v.size, not unfed or by_layer,
                         reads[-1] if reads else None, output_of.get(id(v), -1),
                         first_read if unfed and by_layer else None,
