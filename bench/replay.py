@@ -21,7 +21,8 @@ import time
 
 import jaxremat
 from jaxremat._api.loss import training_loss_with_arrays
-from jaxremat._backends.replay import Replay, chain_kept, compile_replay
+from jaxremat._backends.plain_step import compile_replay
+from jaxremat._backends.replay import Replay, chain_kept
 from jaxremat._backends.targets import get_target
 from jaxremat._jaxpr.trace import trace
 from jaxremat.solvers import uniform_plan

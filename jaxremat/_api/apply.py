@@ -20,7 +20,8 @@ from jaxremat._api.planner import Planner, check_budget_method, check_holds_inpu
 from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
-from jaxremat._backends.replay import PlainStep, Replay, compile_plain_step
+from jaxremat._backends.plain_step import PlainStep, compile_plain_step
+from jaxremat._backends.replay import Replay
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan

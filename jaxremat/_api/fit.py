@@ -28,7 +28,8 @@ from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import measured_segments, sweep_uniform
 from jaxremat._backends.measure import compile_step
 from jaxremat._backends.policy_options import OptionCosts, group_costs
-from jaxremat._backends.replay import Replay, compile_replay
+from jaxremat._backends.plain_step import compile_replay
+from jaxremat._backends.replay import Replay
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.step_time import best_step_seconds
 from jaxremat._backends.targets import Target, get_target
