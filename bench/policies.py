@@ -332,7 +332,8 @@ def merge(paths: list[str], out: str) -> None:
 
 def models(names: list[str] | None) -> list[tuple[str, Any, Any, Any, dict]]:
   found = []
-  for spec in (*tagged("cpu"), *tagged("scan")):
+  named_only = tagged("gpu") if names else ()  # GPU-sized: run only when named
+  for spec in (*tagged("cpu"), *tagged("scan"), *named_only):
     if names is None or spec.name in names:
       model, x, params = spec.instantiate()
       found.append((spec.name, model, x, params, spec.apply_kwargs()))
@@ -346,7 +347,7 @@ def models(names: list[str] | None) -> list[tuple[str, Any, Any, Any, dict]]:
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", help="comma-separated model names (default: the CPU zoo "
-                      "and bench/unseen.py's models)")
+                      "and bench/unseen.py's models; GPU-sized zoo models when named)")
   parser.add_argument("--target", help="a GPU target to compile for deviceless (h100, a100)")
   parser.add_argument("--rounds", type=int, default=5,
                       help="rounds of timing, every program 3 runs a round (the least kept)")
