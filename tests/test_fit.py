@@ -200,15 +200,6 @@ def test_option_bytes_and_seconds():
     assert saved.seconds <= recompute.seconds
 
 
-def test_roofline_is_the_larger_of_compute_and_memory_time():
-  r = Roofline("x", flops_per_second=1e12, bytes_per_second=1e11, host_bytes_per_second=1e10,
-               host_overlap=0.25)
-  assert r.seconds(2e12, 1e10) == pytest.approx(2.0)
-  assert r.seconds(1e9, 5e11) == pytest.approx(5.0)
-  assert r.offload_seconds(1e10) == pytest.approx(2 * 1.0 * 0.75)
-  assert Roofline("cpu", 1.0, 1.0).offload_seconds(1) == float("inf")
-
-
 def test_fit_segments_a_scanned_stack():
   """A scanned stack runs segmented, as apply runs it (a user's trial: fit planned it as
   one layer and found nothing below the model as written); the budget's share is of the

@@ -106,27 +106,67 @@ def _xla_cost(closed: jex_core.ClosedJaxpr) -> tuple[float, float]:
   return float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
 
 
+#: A run shorter than this (seconds) is mostly the call's own cost (a GPU's launch and
+#: sync, tens of microseconds), so ``measured_rate`` grows the problem until a run lasts it.
+LEAST_RUN_SECONDS = 2e-3
+
+
+def measured_rate(run_seconds: Callable[[int], float], work: Callable[[int], float],
+                  size: int, largest: int) -> float:
+  """Work per second (FLOP/s, bytes/s) of a program measured at ``size``, doubled (up to
+  ``largest``) while a run lasts less than ``LEAST_RUN_SECONDS``. Grown, the rate is the
+  last doubling's: extra work over extra seconds, so a fixed cost per call cancels.
+
+  Args:
+    run_seconds: the least wall time of one run at a size (seconds).
+    work: the work done at a size (FLOPs or bytes).
+    size: the first size measured.
+    largest: the largest size measured.
+  """
+  seconds = run_seconds(size)
+  while seconds < LEAST_RUN_SECONDS and size * 2 <= largest:
+    grown = run_seconds(size * 2)
+    rate = (work(size * 2) - work(size)) / (grown - seconds) if grown > seconds else None
+    size, seconds = size * 2, grown
+    if rate and (seconds >= LEAST_RUN_SECONDS or size * 2 > largest):
+      return rate
+  return work(size) / seconds
+
+
 @functools.cache
 def local_roofline() -> Roofline:
-  """The local backend's rates, measured: the best of 5 runs of a 1024^3 f32 product
-  (FLOP/s), of a 64 MiB f32 copy-with-add (bytes/s) and, on a GPU, of that array's copy
-  to pinned host memory (the offload link, bytes/s)."""
-  a = jnp.ones((1024, 1024), jnp.float32)
-  v = jnp.ones((16 * 2**20,), jnp.float32)
-  matmul = jax.jit(lambda x: x @ x)
-  stream = jax.jit(lambda x: x + 1.0)
-  matmul_s, = best_step_seconds([matmul], (a,), rounds=1, runs=5)
-  stream_s, = best_step_seconds([stream], (v,), rounds=1, runs=5)
-  flops = 2 * 1024**3 / matmul_s
-  bandwidth = 2 * v.nbytes / stream_s
+  """The local backend's rates, measured (``measured_rate``: the best of 5 runs, the
+  problem grown until its runs outlast the call's own cost): an f32 matrix product from
+  1024^3 up to 8192^3 (FLOP/s), an f32 copy-with-add from 64 MiB up to 1 GiB (bytes/s)
+  and, on a GPU, that array's copy to pinned host memory (the offload link, bytes/s)."""
+
+  def best(fn: Callable[[jax.Array], Any], x: jax.Array) -> float:
+    return best_step_seconds([jax.jit(fn)], (x,), rounds=1, runs=5)[0]
+
+  def square(n: int) -> jax.Array:
+    return jnp.ones((n, n), jnp.float32)
+
+  def vector(n: int) -> jax.Array:
+    return jnp.ones((n,), jnp.float32)
+
+  flops = measured_rate(lambda n: best(lambda x: x @ x, square(n)),
+                        lambda n: 2.0 * n**3, 1024, 8192)
+  bandwidth = measured_rate(lambda n: best(lambda x: x + 1.0, vector(n)),
+                            lambda n: 8.0 * n, 2**24, 2**28)  # 4 bytes read, 4 written
   if jax.default_backend() != "gpu":
     return Roofline(jax.default_backend(), flops, bandwidth)
-  try:  # one direction, device to host: offload's traffic is as much back again
-    to_host = jax.jit(lambda x: x, out_shardings=v.sharding.with_memory_kind("pinned_host"))
-    host_s, = best_step_seconds([to_host], (v,), rounds=1, runs=5)
+
+  def to_host_seconds(n: int) -> float:  # one direction; offload's traffic is as much back
+    v = vector(n)
+    return best_step_seconds(
+        [jax.jit(lambda x: x, out_shardings=v.sharding.with_memory_kind("pinned_host"))],
+        (v,), rounds=1, runs=5)[0]
+
+  try:
+    host = measured_rate(to_host_seconds, lambda n: 4.0 * n, 2**24, 2**28)
   except (ValueError, RuntimeError):  # no pinned host memory here: no offload
     return Roofline(jax.default_backend(), flops, bandwidth)
-  return Roofline(jax.default_backend(), flops, bandwidth, v.nbytes / host_s, HOST_OVERLAP)
+  return Roofline(jax.default_backend(), flops, bandwidth, host, HOST_OVERLAP)
 
 
 def roofline_for(target: str | Target | None) -> Roofline:

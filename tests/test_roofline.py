@@ -1,0 +1,54 @@
+"""The roofline's arithmetic and its measurement of the local device (no compile)."""
+
+import pytest
+
+from jaxremat._backends.roofline import LEAST_RUN_SECONDS, Roofline, measured_rate
+
+
+def test_roofline_is_the_larger_of_compute_and_memory_time():
+  r = Roofline("x", flops_per_second=1e12, bytes_per_second=1e11, host_bytes_per_second=1e10,
+               host_overlap=0.25)
+  assert r.seconds(2e12, 1e10) == pytest.approx(2.0)
+  assert r.seconds(1e9, 5e11) == pytest.approx(5.0)
+  assert r.offload_seconds(1e10) == pytest.approx(2 * 1.0 * 0.75)
+  assert Roofline("cpu", 1.0, 1.0).offload_seconds(1) == float("inf")
+
+
+def _device(rate: float, per_call: float):
+  """A device doing ``rate`` work per second after a fixed ``per_call`` cost (seconds),
+  and the sizes it was asked to run."""
+  asked: list[int] = []
+
+  def run_seconds(n: int) -> float:
+    asked.append(n)
+    return per_call + n**3 / rate
+
+  return run_seconds, asked
+
+
+def test_a_fast_device_s_rate_is_measured_past_its_per_call_cost():
+  """A GPU's 1024^3 product takes microseconds, less than its launch: timed alone it
+  gave an H200 14 TFLOP/s (bench/results/policies-h200/second-pass/env.txt)."""
+  rate, per_call = 400e12, 150e-6
+  run_seconds, asked = _device(rate, per_call)
+  measured = measured_rate(run_seconds, lambda n: float(n**3), 1024, 8192)
+  assert measured == pytest.approx(rate, rel=1e-9)  # the per-call cost cancels
+  assert asked == [1024, 2048, 4096, 8192]
+  naive = 1024**3 / run_seconds(1024)  # one size's work over its time
+  assert naive < rate / 20
+
+
+def test_a_slow_device_is_measured_once_at_the_first_size():
+  rate = 50e9  # a CPU: the first size already outlasts LEAST_RUN_SECONDS
+  run_seconds, asked = _device(rate, 10e-6)
+  assert run_seconds(1024) >= LEAST_RUN_SECONDS
+  asked.clear()
+  measured = measured_rate(run_seconds, lambda n: float(n**3), 1024, 8192)
+  assert asked == [1024]
+  assert measured == pytest.approx(1024**3 / (10e-6 + 1024**3 / rate))
+
+
+def test_growth_stops_at_the_largest_size():
+  run_seconds, asked = _device(1e18, 1e-5)  # never outlasts LEAST_RUN_SECONDS
+  assert measured_rate(run_seconds, lambda n: float(n**3), 1024, 4096) == pytest.approx(1e18)
+  assert max(asked) == 4096
