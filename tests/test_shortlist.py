@@ -2,6 +2,7 @@
 
 import pytest
 
+from jaxremat._api.planning import tighten
 from jaxremat._api.verify import (CONFIRM_EXTRA, SWEEP_COMPILES, SWEEP_WITHIN, confirm_plan,
                                   fit_budget, shortlist, sweep_uniform)
 from jaxremat._errors import InfeasibleBudgetError
@@ -155,6 +156,9 @@ class _UniformPlanner:
   def solve_budget(self, budget: int) -> Plan:
     raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=200)
 
+  def model_total_bytes(self, plan: Plan) -> int:
+    raise AssertionError("model R has no plan, so none of its plans to measure")
+
   def budget_fallbacks(self) -> list[Plan]:
     return [Plan(tuple(range(1, self.chain.n)))]
 
@@ -181,13 +185,55 @@ def test_before_calling_a_budget_infeasible_the_every_k_plans_are_compiled():
   # every-3 is the first that fits
   footprints = {(5,): 120, (4,): 115, (1, 2, 3, 4, 5): 110, (3,): 95, (2, 4): 90}
   compiled, measured = _recording(footprints)
-  plan, seen = fit_budget(_UniformPlanner(), 100, measured, plan=None)
+  plan, seen = fit_budget(_UniformPlanner(), 100, measured)
   assert plan.checkpoints == (3,) and plan.method == "budget"
   assert compiled == [(1, 2, 3, 4, 5), (5,), (4,), (3,)]
   assert seen == {c: footprints[c] for c in compiled}
   with pytest.raises(InfeasibleBudgetError) as err:  # none fits: XLA's least is given
-    fit_budget(_UniformPlanner(), 89, measured, plan=None)
+    fit_budget(_UniformPlanner(), 89, measured)
   assert err.value.min_feasible_bytes == 90
+
+
+class _StepPlanner(_UniformPlanner):
+  """Model R's budget plans: the least recompute whose model footprint (``MODEL``, bytes)
+  is within the budget; its one fallback is every-1."""
+
+  MODEL = {(3,): 400, (2, 4): 300, (1, 2, 3, 4, 5): 100}
+
+  def solve_budget(self, budget: int) -> Plan:
+    fits = [c for c, b in self.MODEL.items() if b <= budget]
+    if not fits:
+      raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=100)
+    return Plan(min(fits, key=len))
+
+  def model_total_bytes(self, plan: Plan) -> int:
+    return self.MODEL[plan.checkpoints]
+
+
+def test_a_budget_plan_just_over_is_tightened_to_the_next_plan_not_the_fallback():
+  """A lent H200's ViT: model R put (4,) well within the budget, XLA 30 MB over it;
+  lowered by those 30 MB, model R gave (4,) again, each round, and the budget fell to
+  the every-layer fallback (16 layers recomputed at a 75% budget). Lowered below the
+  plan's own model footprint, the next plan is another."""
+  footprints = {(3,): 1010, (2, 4): 900, (1, 2, 3, 4, 5): 500}
+  compiled, measured = _recording(footprints)
+  plan, seen = fit_budget(_StepPlanner(), 1000, measured)
+  assert plan.checkpoints == (2, 4)
+  assert compiled == [(3,), (2, 4)]  # each plan compiled once
+
+
+def test_tighten_stops_when_the_solver_has_no_plan_or_after_its_rounds():
+  planner = _StepPlanner()
+  over = {(3,): 1050, (2, 4): 1050, (1, 2, 3, 4, 5): 1050}
+  assert tighten(planner.solve_budget, planner.model_total_bytes, lambda p: over[p.checkpoints], 1000, 10) is None
+  asked = []
+
+  def solve(budget: int) -> Plan:
+    asked.append(budget)
+    return planner.solve_budget(budget)
+
+  assert tighten(solve, planner.model_total_bytes, lambda p: over[p.checkpoints], 1000, 2) is None
+  assert asked == [1000, 399]  # below (3,)'s model footprint, not 1000 - 50
 
 
 def test_the_sweep_stops_at_its_compile_limit_and_returns_what_fits_with_its_footprint():

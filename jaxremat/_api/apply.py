@@ -269,16 +269,9 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
     planner.validate(plan)
     return plan, {plan.checkpoints: measure_plan(plan)} if verify is not False else None
   if budget is not None:
-    try:
-      solved: Plan | None = planner.solve_budget(budget)
-    except InfeasibleBudgetError:
-      if not verify:
-        raise
-      solved = None  # the model says no; XLA may still fit one of the fallback plans
-    if verify:
-      return fit_budget(planner, budget, measure_plan, solved)
-    assert solved is not None  # solve_budget raised otherwise
-    return solved, None
+    if verify:  # where the model says no, XLA may still fit one of the fallback plans
+      return fit_budget(planner, budget, measure_plan)
+    return planner.solve_budget(budget), None
   plan = planner.solve(method, refine)
   if verify and method == "optimal":
     return verify_plan(planner, plan, measure_plan)

@@ -9,6 +9,7 @@ timing beside the one that fits.
 from __future__ import annotations
 
 from jaxremat._api.planner import Planner
+from jaxremat._api.planning import tighten
 from jaxremat._api.verify import PRUNE_ABOVE
 from jaxremat._backends.policy_options import OptionCosts
 from jaxremat._errors import InfeasibleBudgetError
@@ -88,18 +89,10 @@ class LayerPlans:
     self.plan, self.current = plan, None if plan is None else self.groups_of(plan)
 
   def _next(self) -> Plan | None:
-    plan, budget = None, self.budget
-    rounds = 8 if self.misses < LAYER_TIGHTENINGS else 0  # then the fallbacks
-    for _ in range(rounds):  # model R's budget plan, until the backend's estimate fits it
-      try:
-        plan = self.planner.solve_budget(budget)
-      except InfeasibleBudgetError:
-        plan = None
-        break
-      over = self.planner.total_bytes(plan) - self.budget
-      if over <= 0:
-        break
-      budget, plan = budget - over, None
+    plan = None
+    if self.misses < LAYER_TIGHTENINGS:  # model R's budget plan the prediction fits; then
+      plan = tighten(self.planner.solve_budget, self.planner.model_total_bytes,  # fallbacks
+                     self.planner.total_bytes, self.budget, 8)
     if plan is None and self.fallbacks is None:
       self.fallbacks = self._fallbacks()
     if plan is None and self.fallbacks:

@@ -108,10 +108,15 @@ class GraphPlanner:
     if self.replay is not None:
       self.validate(plan)
       return self.replay.total_bytes(plan.checkpoints)
-    return self.fixed_bytes + graph_peak_bytes(self.chain, plan) - self.chain.crossing_bytes(0)
+    return self.model_total_bytes(plan)
 
   def recompute_flops(self, plan: Plan) -> int:
     return graph_recompute_flops(self.chain, plan)
+
+  def model_total_bytes(self, plan: Plan) -> int:
+    """The whole-step footprint model G puts on ``plan``, as its budget solver counts it
+    (bytes): the fixed bytes plus model G's peak, less the batch (in the fixed bytes)."""
+    return self.fixed_bytes + graph_peak_bytes(self.chain, plan) - self.chain.crossing_bytes(0)
 
   def candidates(self, plan: Plan) -> list[Plan]:
     """Every layer kept, model G's best uniform plan and optimum, the replay's best

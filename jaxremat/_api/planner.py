@@ -10,7 +10,8 @@ from typing import Any
 import jax
 from jaxremat._api import checks
 from jaxremat._api.graph_planner import GraphPlanner, graph_kept
-from jaxremat._api.planning import TIE, below_least, every_k_plans, fmt_bytes, near_ties
+from jaxremat._api.planning import (TIE, below_least, every_k_plans, fmt_bytes, near_ties,
+                                    tighten)
 from jaxremat._backends.estimate import estimate_temp_bytes
 from jaxremat._backends.graph_profile import profile_graph
 from jaxremat._backends.profile import Buffers, profile
@@ -33,6 +34,8 @@ REPORTED_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
 #: 10 s); longer chains are predicted by model R.
 ESTIMATE_MAX_LAYERS = 1_000
 _MODEL_A_MAX_LAYERS = 1_000  # model A's O(n^3) program: 33 ms at n = 1,000
+#: Model R budget plans tried against the replay's footprint before the fallback plans.
+PREDICTED_TIGHTENINGS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +83,34 @@ class ChainPlanner:
     return plan
 
   def solve_budget(self, budget_bytes: int) -> Plan:
-    """The budget plan for a whole-step budget (bytes): model R gets what fixed bytes leave."""
-    offset = self.fixed_bytes - self.chain.act_bytes[0]  # footprint = offset + model-R peak
+    """The plan of least recompute within a whole-step budget (bytes): model R's, given
+    what the fixed bytes leave. With the compiled profile, model R's budget is tightened
+    (``tighten``) until the replay puts the plan within the budget too; where it finds
+    none so, the fallback plan of least recompute that the replay fits."""
+    if self.replay is None:
+      return self._model_budget_plan(budget_bytes)
+    plan = tighten(self._model_budget_plan, self.model_total_bytes, self.total_bytes,
+                   budget_bytes, PREDICTED_TIGHTENINGS)
+    if plan is not None:
+      return plan
+    fallbacks = self.budget_fallbacks()
+    fits = [p for p in fallbacks if self.total_bytes(p) <= budget_bytes]
+    if not fits:
+      least = min(self.total_bytes(p) for p in fallbacks)
+      raise below_least(budget_bytes, least, self.fixed_bytes)
+    return Plan(min(fits, key=self.recompute_flops).checkpoints, method="budget")
+
+  def _model_budget_plan(self, budget_bytes: int) -> Plan:
+    offset = self.fixed_bytes - self.chain.act_bytes[0]
     try:
       return solve(self.chain, "budget", budget_bytes=budget_bytes - offset)
     except InfeasibleBudgetError as err:
       raise below_least(budget_bytes, err.min_feasible_bytes + offset, self.fixed_bytes) from None
+
+  def model_total_bytes(self, plan: Plan) -> int:
+    """The whole-step footprint model R puts on ``plan``, as its budget solver counts it
+    (bytes): the fixed bytes plus model R's peak, less the input (in the fixed bytes)."""
+    return self.fixed_bytes - self.chain.act_bytes[0] + simulate_peak_bytes(self.chain, plan)
 
   def validate(self, plan: Plan) -> None:
     validate_plan(plan, self.chain.n)

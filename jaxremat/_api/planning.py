@@ -1,8 +1,9 @@
-"""What the chain and graph planners share: near ties, the checkpoint-every-k plans, the
-budget error, bytes as text."""
+"""What the chain and graph planners share: near ties, the checkpoint-every-k plans, a
+budget plan tightened to a footprint, the budget error, bytes as text."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from jaxremat._backends.refine import MAX_LAYERS as MAX_REFINE_LAYERS
@@ -56,6 +57,30 @@ def fmt_bytes(num_bytes: int) -> str:
     if abs(num_bytes) >= scale:
       return f"{num_bytes / scale:.2f} {unit}"
   return f"{num_bytes} B"
+
+
+def tighten(solve_budget: Callable[[int], Plan], model_bytes: Callable[[Plan], int],
+            footprint: Callable[[Plan], int], budget_bytes: int, rounds: int) -> Plan | None:
+  """The first plan of ``solve_budget`` (least recompute within a budget, bytes) whose
+  ``footprint`` (the replay's, the estimate's, XLA's) is at most ``budget_bytes``.
+
+  A plan over by ``d`` bytes lowers the budget given to ``solve_budget`` by ``d``, and
+  below that plan's own ``model_bytes`` (the footprint the solver put on it), so the next
+  plan is another: lowered by ``d`` alone, a solver whose figure was already well below
+  the budget returns the same plan again. None when the solver has no plan
+  (``InfeasibleBudgetError``) or after ``rounds`` plans.
+  """
+  asked = budget_bytes
+  for _ in range(rounds):
+    try:
+      plan = solve_budget(asked)
+    except InfeasibleBudgetError:
+      return None
+    over = footprint(plan) - budget_bytes
+    if over <= 0:
+      return plan
+    asked = min(asked - over, model_bytes(plan) - 1)
+  return None
 
 
 def below_least(budget_bytes: int, least: int, fixed_bytes: int) -> InfeasibleBudgetError:

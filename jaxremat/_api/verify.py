@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jaxremat._api.planner import Planner
-from jaxremat._api.planning import fmt_bytes
+from jaxremat._api.planning import fmt_bytes, tighten
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import TracedChain
@@ -122,45 +122,35 @@ def _least(planner: Planner, plan: Plan, measured: Measured, how: str) -> Plan:
   return plan if best == plan.checkpoints else Plan(best, method=f"{plan.method}+{how}")
 
 
-def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Plan], int],
-               plan: Plan | None) -> tuple[Plan, Measured]:
-  """Tightens the budget plan until XLA's footprint of it fits ``budget_bytes``.
+def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Plan], int]
+               ) -> tuple[Plan, Measured]:
+  """The budget plan, tightened until XLA's footprint of it fits ``budget_bytes``.
 
-  Each round measures the plan; when XLA's figure exceeds the budget by ``d`` bytes, the
-  model's budget is lowered by ``d`` and the plan solved again. When the model runs out
-  of plans first (or had none: ``plan`` is None), the planner's fallback plans are
+  Each plan is compiled; one over the budget by ``d`` bytes lowers the planner's budget by
+  ``d`` (and below the plan's own model footprint: ``tighten``), and the plan is solved
+  again. When the model runs out of plans first, the planner's fallback plans are
   measured, least recompute first, and the first that fits is kept.
 
   Raises:
     InfeasibleBudgetError: no plan tried fits; it carries the least XLA-measured footprint.
   """
   seen: Measured = {}
-  model_budget = budget_bytes
-  for _ in range(_FIT_ROUNDS):
-    if plan is None:
-      break
-    seen[plan.checkpoints] = measured = measured_bytes(plan)
-    if measured <= budget_bytes:
-      return plan, seen
-    model_budget -= measured - budget_bytes
-    try:
-      plan = planner.solve_budget(model_budget)
-    except InfeasibleBudgetError:
-      break
-  fallback = dict.fromkeys(Plan(p.checkpoints) for p in planner.budget_fallbacks())
-  for candidate in sorted(fallback, key=planner.recompute_flops):
-    if candidate.checkpoints not in seen:
-      seen[candidate.checkpoints] = measured_bytes(candidate)
-    if seen[candidate.checkpoints] <= budget_bytes:
-      return Plan(candidate.checkpoints, method="budget"), seen
 
-  def measure_and_record(plan: Plan) -> int:
-    seen[plan.checkpoints] = measured_bytes(plan)
+  def measure(plan: Plan) -> int:
+    if plan.checkpoints not in seen:
+      seen[plan.checkpoints] = measured_bytes(plan)
     return seen[plan.checkpoints]
 
+  plan = tighten(planner.solve_budget, planner.model_total_bytes, measure, budget_bytes,
+                 _FIT_ROUNDS)
+  if plan is not None:
+    return plan, seen
+  fallback = dict.fromkeys(Plan(p.checkpoints) for p in planner.budget_fallbacks())
+  for candidate in sorted(fallback, key=planner.recompute_flops):
+    if measure(candidate) <= budget_bytes:
+      return Plan(candidate.checkpoints, method="budget"), seen
   least = min(seen.values())
-  swept = sweep_uniform(planner, budget_bytes, least, measure_and_record,
-                        lambda p: p.checkpoints in seen)
+  swept = sweep_uniform(planner, budget_bytes, least, measure, lambda p: p.checkpoints in seen)
   if swept is not None:
     return Plan(swept[0].checkpoints, method="budget"), seen
   least = min(seen.values())
