@@ -23,7 +23,6 @@ from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, ve
 from jaxremat._backends.plain_step import PlainStep, compile_plain_step
 from jaxremat._backends.replay import Replay
 from jaxremat._backends.targets import Target, get_target
-from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._jaxpr.trace import TracedChain, trace
