@@ -325,7 +325,7 @@ def merge(paths: list[str], out: str) -> None:
     metas.append(found["meta"])
   table = markdown(rows) + "\n\n" + summary(rows)
   meta = {**metas[0], "command": "; ".join(m["command"] for m in metas),
-          "date": ", ".join(dict.fromkeys(m["date"] for m in metas)),
+          "date": ", ".join(dict.fromkeys(m.get("date", "?") for m in metas)),
           "seconds": round(sum(m["seconds"] for m in metas), 1)}
   print(table)
   write_result(out, meta, rows, table)

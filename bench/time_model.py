@@ -45,6 +45,8 @@ def points(measured: dict, predicted: dict) -> list[tuple[str, str, float, float
 
 
 def report(data: list[tuple[str, str, float, float, float, float]], noise: float) -> str:
+  if not data:
+    return "No program was timed in the first run and predicted alike in the second."
   lines = ["| model | strategy | step ms | over no-remat ms | predicted, GPU-measured roofline ms "
            "| predicted, data sheet (deviceless) ms |", "|---|---|---|---|---|---|"]
   for model, key, base, step, local, sheet in data:

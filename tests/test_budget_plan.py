@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from jaxremat._api.planner import ChainPlanner
+from jaxremat._api.planning import tighten
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._model.chain import Chain, Plan
 from jaxremat._model.simulate import simulate_peak_bytes
@@ -63,3 +64,35 @@ def test_a_budget_the_replay_fits_no_plan_in_names_the_replay_s_least():
     planner.solve_budget(FIXED + 100)
   least = min(planner.total_bytes(p) for p in planner.budget_fallbacks())
   assert err.value.min_feasible_bytes == least > FIXED + 100
+
+
+def test_where_model_r_s_plans_all_miss_the_replay_the_fitting_fallback_is_taken():
+  planner = _planner(extra=0)
+  kept = planner.budget_fallbacks()[-1]  # the one plan the replay fits: a fallback
+
+  class Replay(_Replay):
+    def total_bytes(self, checkpoints: tuple[int, ...]) -> int:
+      return super().total_bytes(checkpoints) + (0 if checkpoints == kept.checkpoints
+                                                 else 10**6)
+
+  planner = dataclasses.replace(planner, replay=Replay(0))
+  plan = planner.solve_budget(planner.total_bytes(kept))
+  assert plan.checkpoints == kept.checkpoints and plan.method == "budget"
+
+
+def test_tighten_rules_out_a_plan_below_the_figure_the_solver_judged_it_by():
+  """A solver that judges plans by the replay (the graph planner's): (3,) is 970 bytes
+  by the replay, 1200 by the model, 1001 by XLA; (2, 4) 900 by the replay, 990 by XLA.
+  Lowered below the model's 1200 alone, the solver would give (3,) back each round."""
+  replay = {(3,): 970, (2, 4): 900}
+  xla = {(3,): 1001, (2, 4): 990}
+
+  def solve_budget(budget: int) -> Plan:
+    fits = [c for c, b in replay.items() if b <= budget]
+    if not fits:
+      raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=900)
+    return Plan(min(fits, key=len))
+
+  found = tighten(solve_budget, lambda p: replay[p.checkpoints], lambda p: xla[p.checkpoints],
+                  1000, 6)
+  assert found is not None and found.checkpoints == (2, 4)

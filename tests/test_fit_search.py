@@ -32,7 +32,7 @@ class _Planner:
   def total_bytes(self, plan: Plan) -> int:
     return 100
 
-  def model_total_bytes(self, plan: Plan) -> int:  # what model R's budget solver counts
+  def accepted_bytes(self, plan: Plan) -> int:  # what model R's budget solver counts
     return 100 if plan.checkpoints == (1,) else 50
 
   def recompute_flops(self, plan: Plan) -> int:

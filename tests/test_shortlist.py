@@ -156,7 +156,7 @@ class _UniformPlanner:
   def solve_budget(self, budget: int) -> Plan:
     raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=200)
 
-  def model_total_bytes(self, plan: Plan) -> int:
+  def accepted_bytes(self, plan: Plan) -> int:
     raise AssertionError("model R has no plan, so none of its plans to measure")
 
   def budget_fallbacks(self) -> list[Plan]:
@@ -206,15 +206,15 @@ class _StepPlanner(_UniformPlanner):
       raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=100)
     return Plan(min(fits, key=len))
 
-  def model_total_bytes(self, plan: Plan) -> int:
+  def accepted_bytes(self, plan: Plan) -> int:
     return self.MODEL[plan.checkpoints]
 
 
 def test_a_budget_plan_just_over_is_tightened_to_the_next_plan_not_the_fallback():
   """A lent H200's ViT: model R put (4,) well within the budget, XLA 30 MB over it;
   lowered by those 30 MB, model R gave (4,) again, each round, and the budget fell to
-  the every-layer fallback (16 layers recomputed at a 75% budget). Lowered below the
-  plan's own model footprint, the next plan is another."""
+  the every-block fallback (at 75% of the activations). Lowered below the footprint the
+  solver accepted it by, the next plan is another."""
   footprints = {(3,): 1010, (2, 4): 900, (1, 2, 3, 4, 5): 500}
   compiled, measured = _recording(footprints)
   plan, seen = fit_budget(_StepPlanner(), 1000, measured)
@@ -225,14 +225,15 @@ def test_a_budget_plan_just_over_is_tightened_to_the_next_plan_not_the_fallback(
 def test_tighten_stops_when_the_solver_has_no_plan_or_after_its_rounds():
   planner = _StepPlanner()
   over = {(3,): 1050, (2, 4): 1050, (1, 2, 3, 4, 5): 1050}
-  assert tighten(planner.solve_budget, planner.model_total_bytes, lambda p: over[p.checkpoints], 1000, 10) is None
+  footprint = lambda p: over[p.checkpoints]  # noqa: E731
+  assert tighten(planner.solve_budget, planner.accepted_bytes, footprint, 1000, 10) is None
   asked = []
 
   def solve(budget: int) -> Plan:
     asked.append(budget)
     return planner.solve_budget(budget)
 
-  assert tighten(solve, planner.model_total_bytes, lambda p: over[p.checkpoints], 1000, 2) is None
+  assert tighten(solve, planner.accepted_bytes, footprint, 1000, 2) is None
   assert asked == [1000, 399]  # below (3,)'s model footprint, not 1000 - 50
 
 

@@ -90,8 +90,9 @@ class LayerPlans:
 
   def _next(self) -> Plan | None:
     plan = None
-    if self.misses < LAYER_TIGHTENINGS:  # model R's budget plan the prediction fits; then
-      plan = tighten(self.planner.solve_budget, self.planner.model_total_bytes,  # fallbacks
+    if self.misses < LAYER_TIGHTENINGS:  # model R's budget plan the prediction fits (with
+      # the compiled profile, solve_budget's plans fit it already); then the fallbacks
+      plan = tighten(self.planner.solve_budget, self.planner.accepted_bytes,
                      self.planner.total_bytes, self.budget, 8)
     if plan is None and self.fallbacks is None:
       self.fallbacks = self._fallbacks()

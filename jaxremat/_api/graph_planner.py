@@ -114,9 +114,14 @@ class GraphPlanner:
     return graph_recompute_flops(self.chain, plan)
 
   def model_total_bytes(self, plan: Plan) -> int:
-    """The whole-step footprint model G puts on ``plan``, as its budget solver counts it
-    (bytes): the fixed bytes plus model G's peak, less the batch (in the fixed bytes)."""
+    """The whole-step footprint model G puts on ``plan`` (bytes): the fixed bytes plus
+    model G's peak, less the batch (in the fixed bytes)."""
     return self.fixed_bytes + graph_peak_bytes(self.chain, plan) - self.chain.crossing_bytes(0)
+
+  def accepted_bytes(self, plan: Plan) -> int:
+    """The footprint ``solve_budget`` judges ``plan`` by (bytes): the replay's where it
+    ranks the candidates, else model G's. A budget below it rules the plan out."""
+    return self.total_bytes(plan) if self.ranks_candidates else self.model_total_bytes(plan)
 
   def candidates(self, plan: Plan) -> list[Plan]:
     """Every layer kept, model G's best uniform plan and optimum, the replay's best

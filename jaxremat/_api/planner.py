@@ -35,7 +35,7 @@ REPORTED_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal")
 ESTIMATE_MAX_LAYERS = 1_000
 _MODEL_A_MAX_LAYERS = 1_000  # model A's O(n^3) program: 33 ms at n = 1,000
 #: Model R budget plans tried against the replay's footprint before the fallback plans.
-PREDICTED_TIGHTENINGS = 16
+PREDICTED_TIGHTENINGS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +111,11 @@ class ChainPlanner:
     """The whole-step footprint model R puts on ``plan``, as its budget solver counts it
     (bytes): the fixed bytes plus model R's peak, less the input (in the fixed bytes)."""
     return self.fixed_bytes - self.chain.act_bytes[0] + simulate_peak_bytes(self.chain, plan)
+
+  def accepted_bytes(self, plan: Plan) -> int:
+    """The footprint ``solve_budget`` judges ``plan`` by (bytes): the replay's with the
+    compiled profile, else model R's. A budget below it rules the plan out."""
+    return self.total_bytes(plan) if self.replay is not None else self.model_total_bytes(plan)
 
   def validate(self, plan: Plan) -> None:
     validate_plan(plan, self.chain.n)

@@ -59,15 +59,15 @@ def fmt_bytes(num_bytes: int) -> str:
   return f"{num_bytes} B"
 
 
-def tighten(solve_budget: Callable[[int], Plan], model_bytes: Callable[[Plan], int],
+def tighten(solve_budget: Callable[[int], Plan], accepted_bytes: Callable[[Plan], int],
             footprint: Callable[[Plan], int], budget_bytes: int, rounds: int) -> Plan | None:
   """The first plan of ``solve_budget`` (least recompute within a budget, bytes) whose
   ``footprint`` (the replay's, the estimate's, XLA's) is at most ``budget_bytes``.
 
   A plan over by ``d`` bytes lowers the budget given to ``solve_budget`` by ``d``, and
-  below that plan's own ``model_bytes`` (the footprint the solver put on it), so the next
-  plan is another: lowered by ``d`` alone, a solver whose figure was already well below
-  the budget returns the same plan again. None when the solver has no plan
+  below ``accepted_bytes`` of the plan (the footprint the solver judged it by), so the
+  next plan is another: lowered by ``d`` alone, a solver whose figure was already well
+  below the budget returns the same plan again. None when the solver has no plan
   (``InfeasibleBudgetError``) or after ``rounds`` plans.
   """
   asked = budget_bytes
@@ -79,7 +79,7 @@ def tighten(solve_budget: Callable[[int], Plan], model_bytes: Callable[[Plan], i
     over = footprint(plan) - budget_bytes
     if over <= 0:
       return plan
-    asked = min(asked - over, model_bytes(plan) - 1)
+    asked = min(asked - over, accepted_bytes(plan) - 1)
   return None
 
 

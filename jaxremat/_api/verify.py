@@ -127,7 +127,7 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
   """The budget plan, tightened until XLA's footprint of it fits ``budget_bytes``.
 
   Each plan is compiled; one over the budget by ``d`` bytes lowers the planner's budget by
-  ``d`` (and below the plan's own model footprint: ``tighten``), and the plan is solved
+  ``d`` (and below the footprint the planner accepted it by: ``tighten``), and the plan is solved
   again. When the model runs out of plans first, the planner's fallback plans are
   measured, least recompute first, and the first that fits is kept.
 
@@ -141,7 +141,7 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
       seen[plan.checkpoints] = measured_bytes(plan)
     return seen[plan.checkpoints]
 
-  plan = tighten(planner.solve_budget, planner.model_total_bytes, measure, budget_bytes,
+  plan = tighten(planner.solve_budget, planner.accepted_bytes, measure, budget_bytes,
                  _FIT_ROUNDS)
   if plan is not None:
     return plan, seen

@@ -115,7 +115,9 @@ def measured_rate(run_seconds: Callable[[int], float], work: Callable[[int], flo
                   size: int, largest: int) -> float:
   """Work per second (FLOP/s, bytes/s) of a program measured at ``size``, doubled (up to
   ``largest``) while a run lasts less than ``LEAST_RUN_SECONDS``. Grown, the rate is the
-  last doubling's: extra work over extra seconds, so a fixed cost per call cancels.
+  last doubling's: extra work over extra seconds, so a fixed cost per call cancels; where
+  the doubling added less than half again to the time (the call's cost still dominates,
+  or noise), the work over the time of the larger run, a lower bound.
 
   Args:
     run_seconds: the least wall time of one run at a size (seconds).
@@ -123,13 +125,13 @@ def measured_rate(run_seconds: Callable[[int], float], work: Callable[[int], flo
     size: the first size measured.
     largest: the largest size measured.
   """
-  seconds = run_seconds(size)
+  seconds = max(run_seconds(size), 1e-9)
   while seconds < LEAST_RUN_SECONDS and size * 2 <= largest:
-    grown = run_seconds(size * 2)
-    rate = (work(size * 2) - work(size)) / (grown - seconds) if grown > seconds else None
+    grown = max(run_seconds(size * 2), 1e-9)
+    rate = (work(size * 2) - work(size)) / (grown - seconds) if grown > 1.5 * seconds else 0.0
     size, seconds = size * 2, grown
-    if rate and (seconds >= LEAST_RUN_SECONDS or size * 2 > largest):
-      return rate
+    if seconds >= LEAST_RUN_SECONDS or size * 2 > largest:
+      return max(rate, work(size) / seconds)
   return work(size) / seconds
 
 
