@@ -89,9 +89,10 @@ class LayerPlans:
     self.plan, self.current = plan, None if plan is None else self.groups_of(plan)
 
   def _next(self) -> Plan | None:
+    # Model R's budget plan that the prediction fits (with the compiled profile,
+    # solve_budget's plans fit the replay already); after repeated misses, the fallbacks.
     plan = None
-    if self.misses < LAYER_TIGHTENINGS:  # model R's budget plan the prediction fits (with
-      # the compiled profile, solve_budget's plans fit it already); then the fallbacks
+    if self.misses < LAYER_TIGHTENINGS:
       plan = tighten(self.planner.solve_budget, self.planner.accepted_bytes,
                      self.planner.total_bytes, self.budget, 8)
     if plan is None and self.fallbacks is None:

@@ -85,8 +85,8 @@ class ChainPlanner:
   def solve_budget(self, budget_bytes: int) -> Plan:
     """The plan of least recompute within a whole-step budget (bytes): model R's, given
     what the fixed bytes leave. With the compiled profile, model R's budget is tightened
-    (``tighten``) until the replay puts the plan within the budget too; where it finds
-    none so, the fallback plan of least recompute that the replay fits."""
+    (``tighten``) until the replay puts the plan within the budget too; where that finds
+    none, the fallback plan of least recompute that the replay fits."""
     if self.replay is None:
       return self._model_budget_plan(budget_bytes)
     plan = tighten(self._model_budget_plan, self.model_total_bytes, self.total_bytes,
@@ -101,6 +101,7 @@ class ChainPlanner:
     return Plan(min(fits, key=self.recompute_flops).checkpoints, method="budget")
 
   def _model_budget_plan(self, budget_bytes: int) -> Plan:
+    """Model R's plan of least recompute within a whole-step budget (bytes)."""
     offset = self.fixed_bytes - self.chain.act_bytes[0]
     try:
       return solve(self.chain, "budget", budget_bytes=budget_bytes - offset)

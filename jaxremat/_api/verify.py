@@ -126,10 +126,10 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
                ) -> tuple[Plan, Measured]:
   """The budget plan, tightened until XLA's footprint of it fits ``budget_bytes``.
 
-  Each plan is compiled; one over the budget by ``d`` bytes lowers the planner's budget by
-  ``d`` (and below the footprint the planner accepted it by: ``tighten``), and the plan is solved
-  again. When the model runs out of plans first, the planner's fallback plans are
-  measured, least recompute first, and the first that fits is kept.
+  Each plan is compiled once; one over the budget by ``d`` bytes lowers the planner's
+  budget by ``d``, and below the footprint the planner accepted it by (``tighten``), and
+  the plan is solved again. When the model runs out of plans first, the planner's
+  fallback plans are measured, least recompute first, and the first that fits is kept.
 
   Raises:
     InfeasibleBudgetError: no plan tried fits; it carries the least XLA-measured footprint.
