@@ -7,6 +7,8 @@
 #   env                 nvidia-smi, versions, cores, the measured roofline -> env.txt
 #   smoke               bench/policies.py on one small model    (stops the session if it fails)
 #   policies:M1,M2,...  bench/policies.py per model on the GPU  -> policies/<model>.json
+#   budget:M1,M2,...    bench/budget.py per model on the GPU: apply(budget_bytes=), each
+#                       plan compiled with its prediction       -> budget/<model>.json
 #   autotune            gpu_validate.py --compile-only with XLA dumps and autotune results
 #                                                               -> compile/, dumps/, autotune/
 #   aot                 gpu_aot.py deviceless on this machine, with and without those
@@ -23,6 +25,18 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 deadline=$(( $(date +%s) + allowance ))
 left() { echo $(( deadline - $(date +%s) )); }
 name() { echo "$1" | tr -c 'A-Za-z0-9._\n-' '_'; }
+per_model() {  # per_model KIND SCRIPT [ARG...]: SCRIPT once per model the stage names
+  local kind=$1 script=$2 m
+  shift 2
+  IFS=, read -ra models <<< "${stage#"$kind":}"
+  for m in "${models[@]}"; do
+    [ "$(left)" -gt 30 ] || { echo "$kind $m: no time left" >> "$out/skipped.txt"; continue; }
+    timeout "$(left)" python3 "$script" --models "$m" "$@" \
+      --out "$out/$kind/$(name "$m").json" > "$out/$kind-$(name "$m").log" 2>&1
+    echo "$kind $m: rc $? ($(left) s left)"
+    archive
+  done
+}
 archive() {
   [ -n "${ARCHIVE:-}" ] || return 0
   tar czf "$ARCHIVE.part" -C "$(dirname "$out")" "$(basename "$out")" && mv "$ARCHIVE.part" "$ARCHIVE"
@@ -46,16 +60,8 @@ print(local_roofline())"
           --out "$out/smoke/policies.json" > "$out/smoke.log" 2>&1; then
         echo "smoke failed"; tail -40 "$out/smoke.log"; exit 1
       fi ;;
-    policies:*)
-      IFS=, read -ra models <<< "${stage#policies:}"
-      for m in "${models[@]}"; do
-        [ "$(left)" -gt 30 ] || {
-          echo "policies $m: no time left" >> "$out/skipped.txt"; continue; }
-        timeout "$(left)" python3 bench/policies.py --models "$m" --rounds 3 \
-          --out "$out/policies/$(name "$m").json" > "$out/policies-$(name "$m").log" 2>&1
-        echo "policies $m: rc $? ($(left) s left)"
-        archive
-      done ;;
+    policies:*) per_model policies bench/policies.py --rounds 3 ;;
+    budget:*) per_model budget bench/budget.py ;;
     autotune)
       timeout "$(left)" python3 bench/gpu_validate.py "$out/compile" --compile-only \
         --dump "$out/dumps" --autotune-dump "$out/autotune" --budget-seconds "$(( $(left) - 10 ))" \
