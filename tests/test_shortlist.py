@@ -156,6 +156,8 @@ class _UniformPlanner:
   def solve_budget(self, budget: int) -> Plan:
     raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=200)
 
+  model_budget_plan = solve_budget
+
   def accepted_bytes(self, plan: Plan) -> int:
     raise AssertionError("model R has no plan, so none of its plans to measure")
 
@@ -206,6 +208,8 @@ class _StepPlanner(_UniformPlanner):
       raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=100)
     return Plan(min(fits, key=len))
 
+  model_budget_plan = solve_budget
+
   def accepted_bytes(self, plan: Plan) -> int:
     return self.MODEL[plan.checkpoints]
 
@@ -252,3 +256,33 @@ def test_no_sweep_when_the_least_found_is_far_over_the_budget():
   assert sweep_uniform(_UniformPlanner(), 100, int(100 * (1 + SWEEP_WITHIN)) + 1, measured,
                        lambda p: False) is None
   assert compiled == []
+
+
+class _ReplayPlanner(_StepPlanner):
+  """With a replay: its budget plans are those the replay (``REPLAY``) fits; the model's
+  own plan for a budget is model R's (``MODEL``) alone."""
+
+  REPLAY = {(3,): 1200, (2, 4): 950, (1, 2, 3, 4, 5): 500}
+
+  def solve_budget(self, budget: int) -> Plan:
+    fits = [c for c, b in self.REPLAY.items() if b <= budget]
+    if not fits:
+      raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=500)
+    return Plan(min(fits, key=len))
+
+  def model_budget_plan(self, budget: int) -> Plan:
+    return _StepPlanner.solve_budget(self, budget)
+
+  def accepted_bytes(self, plan: Plan) -> int:
+    return self.REPLAY[plan.checkpoints]
+
+
+def test_the_model_s_own_plan_is_compiled_before_the_replay_s():
+  """The replay puts (3,) at 1200 bytes, over the budget; XLA fits it, with less recompute
+  than the replay's (2, 4) (on the H100, the ResNet-18's at half its activations)."""
+  compiled, measured = _recording({(3,): 990, (2, 4): 900})
+  plan, _ = fit_budget(_ReplayPlanner(), 1000, measured)
+  assert plan.checkpoints == (3,) and compiled == [(3,)]
+  compiled, measured = _recording({(3,): 1010, (2, 4): 900})  # it misses: the replay's next
+  plan, _ = fit_budget(_ReplayPlanner(), 1000, measured)
+  assert plan.checkpoints == (2, 4) and compiled == [(3,), (2, 4)]

@@ -74,22 +74,26 @@ class GraphPlanner:
     Where the replay ranks plans (``ranks_candidates``), the least recompute of that
     plan, the checkpoint-every-k plans and the refined optimum that the replay puts
     within the budget."""
-    offset = self.fixed_bytes - self.chain.crossing_bytes(0)
     if not self.ranks_candidates:
-      try:
-        return solve_graph_budget(self.chain, budget_bytes - offset)
-      except InfeasibleBudgetError as err:
-        raise below_least(budget_bytes, err.min_feasible_bytes + offset,
-                          self.fixed_bytes) from None
+      return self.model_budget_plan(budget_bytes)
     tried = [*every_k_plans(self.chain.n), self.solve("optimal")]
     with contextlib.suppress(InfeasibleBudgetError):  # the replay may put another within it
-      tried.insert(0, solve_graph_budget(self.chain, budget_bytes - offset))
+      tried.insert(0, self.model_budget_plan(budget_bytes))
     fits = [p for p in tried if self.total_bytes(p) <= budget_bytes]
     if not fits:
       least = min(self.total_bytes(p) for p in tried)
       raise below_least(budget_bytes, least, self.fixed_bytes)
     best = min(fits, key=lambda p: (self.recompute_flops(p), self.total_bytes(p)))
     return Plan(best.checkpoints, method="budget")
+
+  def model_budget_plan(self, budget_bytes: int) -> Plan:
+    """Model G's plan of least recompute within a whole-step budget (bytes), whatever the
+    replay puts on it: the first plan the budget loop compiles (``fit_budget``)."""
+    offset = self.fixed_bytes - self.chain.crossing_bytes(0)
+    try:
+      return solve_graph_budget(self.chain, budget_bytes - offset)
+    except InfeasibleBudgetError as err:
+      raise below_least(budget_bytes, err.min_feasible_bytes + offset, self.fixed_bytes) from None
 
   def validate(self, plan: Plan) -> None:
     validate_plan(plan, self.chain.n)

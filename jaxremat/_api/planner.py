@@ -88,8 +88,8 @@ class ChainPlanner:
     (``tighten``) until the replay puts the plan within the budget too; where that finds
     none, the fallback plan of least recompute that the replay fits."""
     if self.replay is None:
-      return self._model_budget_plan(budget_bytes)
-    plan = tighten(self._model_budget_plan, self.model_total_bytes, self.total_bytes,
+      return self.model_budget_plan(budget_bytes)
+    plan = tighten(self.model_budget_plan, self.model_total_bytes, self.total_bytes,
                    budget_bytes, PREDICTED_TIGHTENINGS)
     if plan is not None:
       return plan
@@ -100,8 +100,9 @@ class ChainPlanner:
       raise below_least(budget_bytes, least, self.fixed_bytes)
     return Plan(min(fits, key=self.recompute_flops).checkpoints, method="budget")
 
-  def _model_budget_plan(self, budget_bytes: int) -> Plan:
-    """Model R's plan of least recompute within a whole-step budget (bytes)."""
+  def model_budget_plan(self, budget_bytes: int) -> Plan:
+    """Model R's plan of least recompute within a whole-step budget (bytes), whatever the
+    replay puts on it: the first plan the budget loop compiles (``fit_budget``)."""
     offset = self.fixed_bytes - self.chain.act_bytes[0]
     try:
       return solve(self.chain, "budget", budget_bytes=budget_bytes - offset)
