@@ -88,7 +88,7 @@ class GraphPlanner:
 
   def model_budget_plan(self, budget_bytes: int) -> Plan:
     """Model G's plan of least recompute within a whole-step budget (bytes), whatever the
-    replay puts on it: the first plan the budget loop compiles (``fit_budget``)."""
+    replay puts on it: the plans the budget loop compiles (``fit_budget``)."""
     offset = self.fixed_bytes - self.chain.crossing_bytes(0)
     try:
       return solve_graph_budget(self.chain, budget_bytes - offset)

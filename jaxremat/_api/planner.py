@@ -102,7 +102,7 @@ class ChainPlanner:
 
   def model_budget_plan(self, budget_bytes: int) -> Plan:
     """Model R's plan of least recompute within a whole-step budget (bytes), whatever the
-    replay puts on it: the first plan the budget loop compiles (``fit_budget``)."""
+    replay puts on it: the plans the budget loop compiles (``fit_budget``)."""
     offset = self.fixed_bytes - self.chain.act_bytes[0]
     try:
       return solve(self.chain, "budget", budget_bytes=budget_bytes - offset)
