@@ -198,6 +198,16 @@ def test_before_calling_a_budget_infeasible_the_every_k_plans_are_compiled():
   assert err.value.min_feasible_bytes == 90
 
 
+def _fewest_within(figures: dict[tuple[int, ...], int], budget: int) -> Plan:
+  """A stand-in budget solver: the plan of fewest checkpoints whose figure (bytes) is
+  within ``budget``."""
+  fits = [c for c, b in figures.items() if b <= budget]
+  if not fits:
+    raise InfeasibleBudgetError("none", budget_bytes=budget,
+                                min_feasible_bytes=min(figures.values()))
+  return Plan(min(fits, key=len))
+
+
 class _StepPlanner(_UniformPlanner):
   """Model R's budget plans: the least recompute whose model footprint (``MODEL``, bytes)
   is within the budget; its one fallback is every-1."""
@@ -205,10 +215,7 @@ class _StepPlanner(_UniformPlanner):
   MODEL = {(3,): 400, (2, 4): 300, (1, 2, 3, 4, 5): 100}
 
   def solve_budget(self, budget: int) -> Plan:
-    fits = [c for c, b in self.MODEL.items() if b <= budget]
-    if not fits:
-      raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=100)
-    return Plan(min(fits, key=len))
+    return _fewest_within(self.MODEL, budget)
 
   model_budget_plan = solve_budget
 
@@ -269,13 +276,10 @@ class _ReplayPlanner(_StepPlanner):
   REPLAY = {(3,): 1200, (2, 4): 950, (1, 2, 3, 4, 5): 500}
 
   def solve_budget(self, budget: int) -> Plan:
-    fits = [c for c, b in self.REPLAY.items() if b <= budget]
-    if not fits:
-      raise InfeasibleBudgetError("none", budget_bytes=budget, min_feasible_bytes=500)
-    return Plan(min(fits, key=len))
+    return _fewest_within(self.REPLAY, budget)
 
   def model_budget_plan(self, budget: int) -> Plan:
-    return _StepPlanner.solve_budget(self, budget)
+    return _fewest_within(self.MODEL, budget)
 
   def accepted_bytes(self, plan: Plan) -> int:
     return self.REPLAY[plan.checkpoints]
