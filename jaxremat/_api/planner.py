@@ -136,7 +136,7 @@ class ChainPlanner:
     model R's event simulator instead.
     """
     if plan.is_nested or self.chain.n > ESTIMATE_MAX_LAYERS:
-      return self.fixed_bytes + simulate_peak_bytes(self.chain, plan) - self.chain.act_bytes[0]
+      return self.model_total_bytes(plan)
     if self.replay is not None:
       return self.replay.total_bytes(plan.checkpoints)
     return self.fixed_bytes + estimate_temp_bytes(self.chain, self.buffers, plan)
