@@ -292,9 +292,11 @@ CASES = [
     Case("fit-budget-below-least", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, BELOW_LEAST),
          jaxremat.InfeasibleBudgetError, rf"no plan fits the step in {BELOW_LEAST} bytes .* the least "
          r"footprint found is \d+ bytes"),
-    Case("fit-graph", lambda: jaxremat.fit(SkipAcrossLayers().apply, SkipAcrossLayers().init(
-        jax.random.key(0), X), X, 0.5),
-         jaxremat.NotAChainError, r"jaxremat.fit plans chains of layers.*jaxremat.apply"),
+    Case("fit-graph-below-least", lambda: jaxremat.fit(
+        SkipAcrossLayers().apply, SkipAcrossLayers().init(jax.random.key(0), X), X, 0.01,
+        verify=False),
+         jaxremat.InfeasibleBudgetError, r"no plan fits the step in \d+ bytes .* the least "
+         r"footprint found is \d+ bytes .*predicted"),
     Case("fit-time-steps-without-verify",
          lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 0.5, verify=False, time_steps=True),
          jaxremat.InvalidArgumentError, r"time_steps=True runs the fitting plans on this "

@@ -13,7 +13,10 @@ import pytest
 import jaxremat
 from jaxremat import zoo_graphs
 from jaxremat._errors import InvalidChainError, NotAChainError, UnknownMethodError
+from jaxremat._api.dropin import DropIn, input_key
+from jaxremat._jaxpr.trace import trace
 from jaxremat._model.graph import GraphChain, graph_peak_bytes, graph_recompute_flops
+from jaxremat._model.policy_plan import DOTS, KEEP, RECOMPUTE, Group, Option, PolicyPlan
 from jaxremat.solvers._graph import solve_graph
 from graph_oracles import random_graph, simulate_graph_peak
 from oracles import all_plans, literal_peak_of, random_chain
@@ -109,7 +112,6 @@ def _assert_trees_close(want, got, tol=1e-5):
 
 def test_zoo_models_are_not_chains(zoo_model):
   _, model, params, x = zoo_model
-  from jaxremat._jaxpr.trace import trace
   traced = trace(model.apply, params, x, {})
   assert traced.is_graph and "not a chain" in traced.not_a_chain
   made_by = {v: t for t, layer in enumerate(traced.layers) for e in layer.eqns for v in e.outvars}
@@ -231,3 +233,48 @@ def test_verified_plan_measures_below_no_remat_and_every_uniform_plan(name):
   assert ours < plain, figures
   assert ours <= uniform[best_k], figures
   assert len(r.verified) <= 6
+
+
+# ---------------------------------------------------------------- jaxremat.fit on a graph
+
+def test_policy_plans_on_a_graph_keep_gradients(zoo_model):
+  """Per-layer options, a recomputed run of several layers and kept layers, emitted on a
+  graph's layers (each group reading the values made before it that it uses)."""
+  _, model, params, x = zoo_model
+  traced = trace(model.apply, params, x, {})
+  n = len(traced.layers)
+  plans = [PolicyPlan(tuple(Group(i, i + 1, Option(kind)) for i in range(n)))
+           for kind in (DOTS, RECOMPUTE)]
+  plans.append(PolicyPlan((Group(0, 1, Option(KEEP)), Group(1, 4, Option(RECOMPUTE)),
+                           Group(4, 5, Option(DOTS)), Group(5, n - 2, Option(RECOMPUTE)),
+                           *(Group(i, i + 1, Option(KEEP)) for i in range(n - 2, n)))))
+  want = jax.jit(jax.grad(_loss(model.apply)))(params, x)
+  for plan in plans:
+    fn = DropIn(model.apply, plan, None, traced, input_key(params, x, {}))
+    _assert_trees_close(want, jax.jit(jax.grad(_loss(fn)))(params, x))
+
+
+def test_fit_on_a_graph_fits_and_keeps_gradients(zoo_model):
+  """fit plans a graph: XLA's footprint of its drop-in (measured here, apart from fit)
+  is within the budget, and its gradients are the model's."""
+  _, model, params, x = zoo_model
+  fitted = jaxremat.fit(model.apply, params, x, 0.75)
+  assert isinstance(fitted.chain, GraphChain)
+  assert fitted.measured_total_bytes <= fitted.budget_bytes
+  assert jaxremat.measure(_loss(fitted.fn), params, x).total_bytes <= fitted.budget_bytes
+  assert fitted.timed and fitted.timed[0][1] == fitted.measured_total_bytes
+  _assert_trees_close(jax.jit(jax.grad(_loss(model.apply)))(params, x),
+                      jax.jit(jax.grad(_loss(fitted.fn)))(params, x))
+  assert "frontier (XLA footprint" in fitted.report()
+
+
+def test_fit_on_a_graph_predicted_and_infeasible(zoo_model):
+  """verify=False: the graph DP's plan, predicted within the budget; a budget below the
+  fixed bytes says the least footprint found."""
+  _, model, params, x = zoo_model
+  fitted = jaxremat.fit(model.apply, params, x, 0.75, verify=False)
+  assert fitted.measured_total_bytes is None and fitted.compiled == ()
+  assert fitted.predicted_total_bytes <= fitted.budget_bytes
+  with pytest.raises(jaxremat.InfeasibleBudgetError, match="least footprint found is") as err:
+    jaxremat.fit(model.apply, params, x, fitted.fixed_bytes + 1)
+  assert err.value.min_feasible_bytes > fitted.fixed_bytes + 1

@@ -19,7 +19,9 @@ from jaxremat._api.advice import one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.memory_budget import (budget_in_bytes, budget_read_as, check_memory_budget,
                                          is_share)
+from jaxremat._api.fit_graph import fit_graph
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
+from jaxremat._api.graph_planner import GraphPlanner
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
 from jaxremat._api.planner import ChainPlanner, check_holds_inputs, make_planner
@@ -27,20 +29,17 @@ from jaxremat._api.planning import fmt_bytes
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import measured_segments, sweep_uniform
 from jaxremat._backends.measure import compile_step
-from jaxremat._backends.policy_options import OptionCosts, group_costs
+from jaxremat._backends.policy_options import LayerOptions, OptionCosts, group_costs
 from jaxremat._backends.plain_step import compile_replay
 from jaxremat._backends.replay import Replay
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.step_time import best_step_seconds
 from jaxremat._backends.targets import Target, get_target
-from jaxremat._errors import (
-  InfeasibleBudgetError,
-  InvalidArgumentError,
-  NotAChainError,
-)
+from jaxremat._errors import InfeasibleBudgetError, InvalidArgumentError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Chain, Plan
+from jaxremat._model.graph import GraphChain
 from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, peak_bytes
 from jaxremat.solvers._policy import as_plan, pareto, policy_frontier
 
@@ -57,19 +56,23 @@ class Fitted:
     fn: a drop-in for ``model_fn`` (same signature and outputs) running the plan.
     plan: the groups of layers and what each keeps, recomputes or offloads.
     costs: the chosen groups with their bytes and seconds.
-    chain: the profiled layers (bytes per layer as XLA is modelled to keep them).
+    chain: the profiled layers (bytes per layer as XLA is modelled to keep them; a
+      ``GraphChain`` for a graph of layers).
     budget_bytes: the budget (bytes, the whole step: parameters, batch, gradients too).
     fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
     no_remat_bytes: the step's footprint without remat (bytes; XLA-measured when
       ``verify``), the base of a fractional budget.
-    predicted_total_bytes: the plan's predicted footprint (bytes).
+    predicted_total_bytes: the plan's predicted footprint (bytes); None for a
+      per-residual plan of a graph, which nothing predicts (``measured_total_bytes``
+      is its footprint).
     predicted_seconds: the time its recomputation and offload add to a step (seconds,
       by the target's roofline).
     measured_total_bytes: XLA's footprint of the plan (bytes), None without ``verify``.
     compiled: XLA's footprint (bytes) of each plan compiled while fitting, in order.
     frontier: ``(predicted bytes, predicted seconds)`` of the fastest plan at each
       budget from the least footprint to no remat (the memory-versus-time frontier),
-      of the DP's plans at budgets spread over that range and the plans fit examined.
+      of the DP's plans at budgets spread over that range and the plans fit examined;
+      on a graph, ``(XLA bytes, predicted seconds)`` of the shortlisted plans compiled.
     target: the GPU target planned for, or None for the local backend.
     timed: with ``time_steps``: ``(what, XLA bytes, step seconds)`` of each plan that
       fits and was timed on this machine, the returned one first; else empty.
@@ -79,11 +82,11 @@ class Fitted:
   fn: Callable[..., Any]
   plan: PolicyPlan
   costs: tuple[GroupCost, ...]
-  chain: Chain
+  chain: Chain | GraphChain
   budget_bytes: int
   fixed_bytes: int
   no_remat_bytes: int
-  predicted_total_bytes: int
+  predicted_total_bytes: int | None
   predicted_seconds: float
   measured_total_bytes: int | None
   compiled: tuple[int, ...]
@@ -106,7 +109,9 @@ class Fitted:
       lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")
     lines.append(f"budget {fmt_bytes(self.budget_bytes)}; no remat {fmt_bytes(self.no_remat_bytes)}; "
                  f"fixed (params, batch, grads) {fmt_bytes(self.fixed_bytes)}")
-    lines.append(f"predicted footprint {fmt_bytes(self.predicted_total_bytes)}; recompute "
+    predicted = ("not predicted (a graph's per-residual plan)" if self.predicted_total_bytes
+                 is None else fmt_bytes(self.predicted_total_bytes))
+    lines.append(f"predicted footprint {predicted}; recompute "
                  f"{self.predicted_seconds * 1e3:.3f} ms per step by the roofline (XLA's FLOPs "
                  "and bytes at the device's peak rates: a ranking, not a step time)")
     if self.measured_total_bytes is not None:
@@ -118,7 +123,8 @@ class Fitted:
       lines.append(f"{'returned' if k == 0 else 'timed':<9}{what:<34}{fmt_bytes(total):>12}"
                    f"{seconds * 1e3:>10.2f} ms per step (measured)")
     points = [f"{fmt_bytes(b)}: {s * 1e3:.3f}" for b, s in self.frontier]
-    lines.append("frontier (predicted footprint: roofline ms):")
+    lines.append(f"frontier ({'predicted' if isinstance(self.chain, Chain) else 'XLA'} "
+                 "footprint: roofline ms):")
     lines += ["  " + ", ".join(points[k:k + 6]) for k in range(0, len(points), 6)]
     return "\n".join(lines)
 
@@ -126,7 +132,8 @@ class Fitted:
     """Draws the memory-versus-time frontier with the chosen plan and the budget marked
     (needs matplotlib: ``pip install "jaxremat[plot]"``)."""
     from jaxremat._api.plot import plot_frontier
-    plot_frontier(path, self.frontier, (self.predicted_total_bytes, self.predicted_seconds),
+    chosen = self.predicted_total_bytes or self.measured_total_bytes or 0
+    plot_frontier(path, self.frontier, (chosen, self.predicted_seconds),
                   self.budget_bytes, self.measured_total_bytes)
 
 
@@ -157,6 +164,13 @@ def fit(
   ``verify``, the segment length XLA measures smallest, one compile per divisor); kept, it
   costs one forward pass of recompute; under ``dots`` or ``dots-no-batch`` it runs one
   iteration per segment under that policy (``nn.remat`` of the block inside the scan).
+
+  A graph of layers (a U-Net's skips; blocks split below their residual adds by
+  ``layer_depth``) gets no DP: model G predicts its layer-boundary plans only. There
+  ``fit`` compiles the layer-boundary budget plan XLA fits (as ``apply(budget_bytes=)``)
+  and, least predicted recompute first, the faster plans of a shortlist (every layer
+  under one option; that plan keeping its products where it recomputes), and returns
+  the first XLA fits (with ``time_steps``, the fastest measured); see ``fit_graph``.
 
   Args:
     model_fn, params, batch, layer_depth, target, loss_fn, **model_kwargs: as for
@@ -189,7 +203,6 @@ def fit(
     InvalidBudgetError: ``memory_budget`` is not a positive number.
     InfeasibleBudgetError: no plan fits; ``min_feasible_bytes`` is the least footprint
       found (XLA's when ``verify``), and the message says which.
-    NotAChainError: the layers are not a chain (a graph: use ``apply``).
   """
   checks.check_model_fn(model_fn, "fit_nnx(model, batch, memory_budget)")
   checks.check_given("fit(model_fn, params, batch, memory_budget)", batch=batch,
@@ -210,12 +223,6 @@ def fit(
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)
   checks.check_loss_output(traced, model_kwargs, loss_fn)
-  if traced.is_graph:
-    raise NotAChainError(
-        f"{traced.not_a_chain} jaxremat.fit plans chains of layers only. Where no grouping "
-        "or layer_depth makes the model one (a U-Net's skips from its encoder to its "
-        "decoder stay skips at every layer_depth), plan it with jaxremat.apply(..., "
-        "budget_bytes=...), which plans graphs under a byte budget at layer boundaries.")
   key = input_key(params, batch, model_kwargs)
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
   written = traced
@@ -235,6 +242,10 @@ def fit(
 
   steps: dict[PolicyPlan, Any] = {}  # compiled steps kept to time them
 
+  def time_plans(plans: list[PolicyPlan]) -> list[float]:  # seconds per step, measured
+    with clock("time"):
+      return best_step_seconds([steps[p] for p in plans], (params, batch, arrays))
+
   def measured(plan: Plan | PolicyPlan, as_written: bool = False) -> int:
     with clock("compile"):
       fn = DropIn(model_fn, plan, layer_depth, written, key) if as_written else drop_in(plan)
@@ -253,13 +264,7 @@ def fit(
                            resolved, replay if checks.default_profile(
                                resolved, jax.default_backend()) == "compiled" else None,
                            required=False)
-    assert isinstance(planner, ChainPlanner)  # a graph was rejected above
-    chain = planner.chain
-    options = OptionCosts(traced, chain, roofline_for(resolved),
-                          scans, written)
-    costs = group_costs(options)
-  fixed, n = planner.fixed_bytes, chain.n
-  final = chain.act_bytes[n] + chain.cot_bytes[n]
+  fixed = planner.fixed_bytes
   if not verify:
     kept = no_remat = planner.total_bytes(Plan())  # a scanned stack's: segmented
   else:  # the compiled profile's compile measured the plain step already
@@ -267,6 +272,30 @@ def fit(
     no_remat = measured(Plan(), as_written=True) if scans else kept
   budget = budget_in_bytes(memory_budget, fixed, no_remat)
   read_as = budget_read_as(memory_budget, fixed, no_remat)
+  if isinstance(planner, GraphPlanner):
+    with clock("solve"):
+      try:
+        found = fit_graph(planner, LayerOptions(traced, roofline_for(resolved)), budget, kept,
+                          measured if verify else None, time_plans if timed else None)
+      except InfeasibleBudgetError as err:
+        raise _infeasible(budget, err.min_feasible_bytes, "XLA-measured, the least of the "
+                          "plans fit compiled" if verify else "predicted", traced,
+                          read_as) from None
+    c = found.chosen
+    return Fitted(
+        fn=drop_in(c.plan), plan=c.plan, costs=c.costs, chain=planner.chain,
+        budget_bytes=budget, fixed_bytes=fixed, no_remat_bytes=no_remat,
+        predicted_total_bytes=found.predicted_bytes, predicted_seconds=c.seconds,
+        measured_total_bytes=found.footprint, compiled=found.compiled,
+        frontier=tuple((b, t) for b, t, _ in pareto([(*p, None) for p in found.points])),
+        target=resolved.name if resolved else None, timed=found.timed,
+        stage_seconds=dict(clock.seconds))
+  with clock("profile"):
+    chain = planner.chain
+    options = OptionCosts(traced, chain, roofline_for(resolved), scans, written)
+    costs = group_costs(options)
+  n = chain.n
+  final = chain.act_bytes[n] + chain.cot_bytes[n]
   # One calibration: the groups' bytes scaled so that keeping everything predicts its
   # footprint (XLA's, or the backend's estimate without verify).
   keep_all = [c for c in costs if c.group.option.kind == KEEP]
@@ -331,9 +360,7 @@ def fit(
       compiled.append(got)
       if got <= budget:
         candidates.append((what, groups, got))
-    with clock("time"):
-      seconds = best_step_seconds([steps[as_plan(g)] for _, g, _ in candidates],
-                                  (params, batch, arrays))
+    seconds = time_plans([as_plan(g) for _, g, _ in candidates])
     order = sorted(range(len(candidates)), key=seconds.__getitem__)
     timings = [(candidates[k][0], candidates[k][2], seconds[k]) for k in order]
     _, chosen, footprint = candidates[order[0]]

@@ -51,19 +51,54 @@ def group_costs(costs: OptionCosts) -> list[GroupCost]:
   """Every candidate group of the chain with its bytes and seconds; offload options where
   the roofline has a link to host memory (a GPU target, or a local GPU with pinned host
   memory)."""
-  offload = costs.roofline.host_bytes_per_second > 0
-  traced = costs.traced
-  n = len(traced.layers)
+  n = len(costs.traced.layers)
   found = [costs.of(Group(i, i + 1, option)) for i in range(n)
-           for option in (Option(KEEP), *_candidates(traced, i, offload))]
+           for option in (Option(KEEP), *costs.options(i))]
   found += [costs.of(Group(l, r, Option(RECOMPUTE)))
             for l in range(n) for r in range(l + 2, n + 1)]
   return [c for c in found if math.isfinite(c.seconds)]
 
 
-class OptionCosts:
-  """Bytes and seconds of any group of a traced chain (``of``); layers of equal structure
-  are measured once.
+class LayerOptions:
+  """Bytes kept and seconds added by one layer under an option (``measure``), for a
+  chain's layers or a graph's; layers of equal structure are measured once.
+
+  Args:
+    traced: the traced layers.
+    roofline: the target's rates.
+  """
+
+  def __init__(self, traced: TracedChain, roofline: Roofline):
+    self.traced, self.roofline = traced, roofline
+    self._grad_invariants = set(traced.param_vars) | set(traced.prelude_outputs)
+    self._measured: dict[tuple[Hashable, Option], tuple[int, float]] = {}
+    self._forward: dict[Hashable, tuple[float, float]] = {}
+
+  def measure(self, i: int, option: Option,
+              traced: TracedChain | None = None) -> tuple[int, float]:
+    """``(bytes, seconds)`` of layer ``i`` (of ``traced``, by default the layers given)
+    under ``option``: the residuals its VJP saves that are not its inputs nor offloaded,
+    and the roofline time its backward spends recomputing (see ``_measure``)."""
+    traced = traced or self.traced
+    layer = traced.layers[i]
+    key = layer_signature(layer, layer.inputs, self._grad_invariants, i > 0)
+    key = ("layer", i, id(traced)) if key is None else key
+    if key not in self._forward:
+      fn, in_vars, _ = policy_segment(traced, Group(i, i + 1, Option(KEEP)))
+      self._forward[key] = cost(fn, *map(spec, in_vars))
+    if (key, option) not in self._measured:
+      self._measured[(key, option)] = _measure(traced, i, option, self._grad_invariants,
+                                               self.roofline, self._forward[key])
+    return self._measured[(key, option)]
+
+  def options(self, i: int) -> list[Option]:
+    """Layer ``i``'s candidate options beside ``KEEP`` (offload where the roofline has a
+    link to host memory)."""
+    return _candidates(self.traced, i, self.roofline.host_bytes_per_second > 0)
+
+
+class OptionCosts(LayerOptions):
+  """Bytes and seconds of any group of a traced chain (``of``).
 
   Args:
     traced: the traced chain (not a graph).
@@ -78,13 +113,11 @@ class OptionCosts:
 
   def __init__(self, traced: TracedChain, chain: Chain, roofline: Roofline,
                scans: tuple[ScanPlan, ...] = (), written: TracedChain | None = None):
-    self.traced, self.chain, self.roofline = traced, chain, roofline
+    super().__init__(traced, roofline)
+    self.chain = chain
     self.scans = scans
     self.segmented = frozenset(s.layer for s in scans if s.rematerialised)
     self.written = written or traced
-    self._grad_invariants = set(traced.param_vars) | set(traced.prelude_outputs)
-    self._measured: dict[tuple[Hashable, Option], tuple[int, float]] = {}
-    self._forward: dict[Hashable, tuple[float, float]] = {}
 
   def _base(self, i: int) -> int:
     """Bytes beside the residuals during layer ``i``'s backward: workspace, cotangents."""
@@ -106,9 +139,9 @@ class OptionCosts:
     if scan_policy(group, self.segmented):
       return self._scanned(group)
     if group.option.kind == KEEP:
-      seconds = self._measure(l, Option(RECOMPUTE))[1] if l in self.segmented else 0.0
+      seconds = self.measure(l, Option(RECOMPUTE))[1] if l in self.segmented else 0.0
       return GroupCost(group, b, self._base(l), seconds)
-    kept, seconds = self._measure(l, group.option)
+    kept, seconds = self.measure(l, group.option)
     host = _offloaded_bytes(self.traced, l, group.option)
     seconds += self.roofline.offload_seconds(host) if host else 0.0
     return GroupCost(group, c.act_bytes[l] + min(kept, max(b - e, 0)),
@@ -122,28 +155,13 @@ class OptionCosts:
     c, l, kind = self.chain, group.start, group.option.kind
     segments, policies = _scan.layout(self.scans, {l: kind})
     variant = _scan.rewrite(self.written, segments, policies)[0]
-    kept, _ = self._measure(l, Option(KEEP), variant)
-    _, seconds = self._measure(l, group.option, self.written)
-    every, _ = self._measure(l, Option(KEEP), self.written)
+    kept, _ = self.measure(l, Option(KEEP), variant)
+    _, seconds = self.measure(l, group.option, self.written)
+    every, _ = self.measure(l, Option(KEEP), self.written)
     length = next(s.length for s in self.scans if s.layer == l)
     transient = max(every - kept, 0) // length
     return GroupCost(group, c.act_bytes[l] + kept,
                      transient + c.cot_bytes[l] + c.cot_bytes[l + 1], seconds)
-
-  def _measure(self, i: int, option: Option,
-               traced: TracedChain | None = None) -> tuple[int, float]:
-    traced = traced or self.traced
-    layer = traced.layers[i]
-    key = layer_signature(layer, layer.inputs, self._grad_invariants, i > 0)
-    key = ("layer", i, id(traced)) if key is None else key
-    if key not in self._forward:
-      fn, in_vars, _ = policy_segment(traced, Group(i, i + 1, Option(KEEP)))
-      self._forward[key] = cost(fn, *map(spec, in_vars))
-    if (key, option) not in self._measured:
-      self._measured[(key, option)] = _measure(traced, i, option, self._grad_invariants,
-                                               self.roofline, self._forward[key])
-    return self._measured[(key, option)]
-
 
 def scan_policy(group: Group, segmented: frozenset[int]) -> bool:
   """Whether ``group`` runs a segmented scanned stack under a policy that keeps its matrix

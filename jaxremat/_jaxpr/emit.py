@@ -30,9 +30,6 @@ def emit(traced: TracedChain, plan: Plan | PolicyPlan) -> Callable[[Sequence[Any
   """
   n = len(traced.layers)
   if isinstance(plan, PolicyPlan):
-    if traced.is_graph:
-      raise InvalidPlanError("policy plans (per-residual decisions) take a chain of layers; "
-                             "this model's layers are a graph.")
     plan.validate(n)
     root, root_inputs, root_outputs = _policy_root(traced, plan)
   elif traced.is_graph and plan.is_nested:
@@ -165,27 +162,38 @@ def _segment(traced: TracedChain, l: int, r: int, plan: Plan | None) -> _Segment
 
 def _graph_root(traced: TracedChain, plan: Plan) -> _Segment:
   """The whole graph as its segments in order, each reading and writing crossing values."""
-  layers = traced.layers
-  bounds = (0, *plan.checkpoints, len(layers))
-  made_by_layers = {v for layer in layers for e in layer.eqns for v in e.outvars}
-  children, in_all, out_all = [], [], []
+  bounds = (0, *plan.checkpoints, len(traced.layers))
+  children = []
   for k, (l, r) in enumerate(zip(bounds[:-1], bounds[1:])):
-    inside = layers[l:r]
-    made = {v for layer in inside for e in layer.eqns for v in e.outvars}
-    in_vars = list(dict.fromkeys(
-        v for layer in inside for v in (*layer.inputs, *layer.invariants) if v not in made))
-    read_after = {v for layer in layers[r:] for v in layer.inputs}
-    out_vars = list(dict.fromkeys(
-        v for layer in inside for v in (*layer.outputs, *layer.side_outputs)
-        if v in read_after or v in layer.side_outputs))
-    fn = _function(traced, [e for layer in inside for e in layer.eqns], in_vars, out_vars)
+    in_vars, out_vars = _graph_vars(traced, l, r)
+    fn = _function(traced, [e for layer in traced.layers[l:r] for e in layer.eqns], in_vars,
+                   out_vars)
     if k < len(bounds) - 2:
       fn = jax.checkpoint(fn, prevent_cse=True)
     children.append((fn, in_vars, out_vars))
-    in_all += [v for v in in_vars if v not in made_by_layers]
-    out_all += out_vars
-  in_all = list(dict.fromkeys(in_all))
-  out_all = list(dict.fromkeys(out_all))
+  return _graph_composed(traced, children)
+
+
+def _graph_vars(traced: TracedChain, l: int, r: int) -> tuple[list, list]:
+  """``(inputs, outputs)`` of graph layers ``l+1..r``: the values made outside them that
+  they read, and the values they make that later layers or the model's result read."""
+  inside = traced.layers[l:r]
+  made = {v for layer in inside for e in layer.eqns for v in e.outvars}
+  in_vars = list(dict.fromkeys(
+      v for layer in inside for v in (*layer.inputs, *layer.invariants) if v not in made))
+  read_after = {v for layer in traced.layers[r:] for v in layer.inputs}
+  out_vars = list(dict.fromkeys(
+      v for layer in inside for v in (*layer.outputs, *layer.side_outputs)
+      if v in read_after or v in layer.side_outputs))
+  return in_vars, out_vars
+
+
+def _graph_composed(traced: TracedChain, children: list[_Segment]) -> _Segment:
+  """A graph's segments in order as one function of the values made outside its layers."""
+  made_by_layers = {v for layer in traced.layers for e in layer.eqns for v in e.outvars}
+  in_all = list(dict.fromkeys(v for _, in_vars, _ in children for v in in_vars
+                              if v not in made_by_layers))
+  out_all = list(dict.fromkeys(v for _, _, out_vars in children for v in out_vars))
   return _composed(children, in_all, out_all), in_all, out_all
 
 
@@ -195,10 +203,12 @@ def _name_of(layer: int, eqn: int) -> str:
 
 
 def _policy_root(traced: TracedChain, plan: PolicyPlan) -> _Segment:
-  """The chain as its groups in order: ``KEEP`` plainly, the others under
+  """The chain (or graph) as its groups in order: ``KEEP`` plainly, the others under
   ``jax.checkpoint`` with the group's policy."""
   n = len(traced.layers)
   children = [policy_segment(traced, g) for g in plan.groups]
+  if traced.is_graph:
+    return _graph_composed(traced, children)
   in_vars = _segment_inputs(traced.layers)
   out_vars = _segment_outputs(traced, 0, n)
   return _composed(children, in_vars, out_vars), in_vars, out_vars
@@ -207,8 +217,10 @@ def _policy_root(traced: TracedChain, plan: PolicyPlan) -> _Segment:
 def policy_segment(traced: TracedChain, group: Group) -> _Segment:
   """``(function, input vars, output vars)`` of the group's layers under its option."""
   layers = traced.layers[group.start:group.stop]
-  in_vars = _segment_inputs(layers)
-  out_vars = _segment_outputs(traced, group.start, group.stop)
+  if traced.is_graph:
+    in_vars, out_vars = _graph_vars(traced, group.start, group.stop)
+  else:
+    in_vars, out_vars = _segment_inputs(layers), _segment_outputs(traced, group.start, group.stop)
   eqns = [e for layer in layers for e in layer.eqns]
   option = group.option
   names = {k: _name_of(group.start, k) for k in (*option.saved, *option.offloaded)}
