@@ -50,7 +50,8 @@ from jaxremat._api.dropin import input_key, policy_drop_in
 from jaxremat._api.loss import training_loss
 from jaxremat._api.planner import make_planner
 from jaxremat._backends.measure import compile_step
-from jaxremat._backends.policy_options import OptionCosts
+from jaxremat._api.fit_graph import group_cost
+from jaxremat._backends.policy_options import LayerOptions, OptionCosts
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.step_time import best_step_seconds
 from jaxremat._backends.targets import Target, get_target
@@ -58,6 +59,7 @@ from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import trace
 from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
                                          Option, PolicyPlan, from_plan)
+from jaxremat.zoo_graphs import DenseNet, UNet
 from jaxremat.zoo_registry import tagged
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: its record module
@@ -113,14 +115,19 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
   traced, scans = _scan.rewrite(written, "auto")  # as fit segments them
   n = len(traced.layers)
   planner = make_planner(traced, scans, params, x, apply_kwargs, False, get_target(target))
-  costs = OptionCosts(traced, planner.chain, roofline_for(target), scans, written)
+  if traced.is_graph:  # a graph's groups: fit's own costs for them (no chain profile)
+    options = LayerOptions(traced, roofline_for(target))
+    seconds_of = lambda g: group_cost(options, g).seconds  # noqa: E731
+  else:
+    options = costs = OptionCosts(traced, planner.chain, roofline_for(target), scans, written)
+    seconds_of = lambda g: costs.of(g).seconds  # noqa: E731
   fixed = planner.fixed_bytes
   key = input_key(params, x, apply_kwargs)
   scanned = {s.layer for s in scans}
   steps: dict[Any, Any] = {}  # one compiled step per distinct program, timed together
 
   def predicted_seconds(plan: PolicyPlan) -> float:
-    return sum(costs.of(g).seconds for g in plan.groups)
+    return sum(seconds_of(g) for g in plan.groups)
 
   def measured(program: Any, fn: Any) -> int:
     loss = training_loss(fn, apply_kwargs)
@@ -140,7 +147,7 @@ def run_model(name: str, model: Any, x: Any, params: Any, kwargs: dict, target: 
         _products(layers[i], _QKV)))
     fixed_plans["save-attention-dots"] = per_layer(n, lambda i: names_or_recompute(
         _products(layers[i], inside="attention")))
-  if costs.roofline.host_bytes_per_second:  # a GPU target, or a local GPU
+  if options.roofline.host_bytes_per_second:  # a GPU target, or a local GPU
     fixed_plans["offload"] = per_layer(n, lambda i: Option(
         NAMES, offloaded=_products(layers[i])) if _products(layers[i]) else Option(RECOMPUTE))
   base_bytes = measured("no remat", model.apply)
@@ -338,17 +345,27 @@ def models(names: list[str] | None) -> list[tuple[str, Any, Any, Any, dict]]:
     if names is None or spec.name in names:
       model, x, params = spec.instantiate()
       found.append((spec.name, model, x, params, spec.apply_kwargs()))
-  for name, (model, x) in unseen.models().items():
+  for name, (model, x) in {**unseen.models(), **GRAPHS}.items():
     short = name.split(" (")[0]
     if names is None or short in names:
       found.append((short, model, x, jax.jit(model.init)(jax.random.key(0), x), {}))
   return found
 
 
+#: Models whose layers are a graph (skip tensors), planned by fit's graph DP.
+GRAPHS = {
+    "unet-16-32-64-b16": (UNet((16, 32, 64)), jax.random.normal(jax.random.key(3),
+                                                               (16, 64, 64, 3))),
+    "densenet-4x4-g16-b16": (DenseNet((4, 4), growth=16, stem=32),
+                             jax.random.normal(jax.random.key(3), (16, 32, 32, 3))),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--models", help="comma-separated model names (default: the CPU zoo "
-                      "and bench/unseen.py's models; GPU-sized zoo models when named)")
+  parser.add_argument("--models", help="comma-separated model names (default: the CPU zoo, "
+                      "bench/unseen.py's models and the graphs of GRAPHS; GPU-sized zoo "
+                      "models when named)")
   parser.add_argument("--target", help="a GPU target to compile for deviceless (h100, a100)")
   parser.add_argument("--rounds", type=int, default=5,
                       help="rounds of timing, every program 3 runs a round (the least kept)")

@@ -166,11 +166,10 @@ def fit(
   iteration per segment under that policy (``nn.remat`` of the block inside the scan).
 
   A graph of layers (a U-Net's skips; blocks split below their residual adds by
-  ``layer_depth``) gets no DP: model G predicts its layer-boundary plans only. There
-  ``fit`` compiles the layer-boundary budget plan XLA fits (as ``apply(budget_bytes=)``)
-  and, least predicted recompute first, the faster plans of a shortlist (every layer
-  under one option; that plan keeping its products where it recomputes), and returns
-  the first XLA fits (with ``time_steps``, the fastest measured); see ``fit_graph``.
+  ``layer_depth``) is solved by model G's DP over kept cuts, a single layer's segment
+  allowed any of its options; where its plans miss, or to time them, also the
+  layer-boundary budget plan XLA fits (as ``apply(budget_bytes=)``) and the plans of a
+  shortlist predicted faster (docs/policies.md, "Graphs").
 
   Args:
     model_fn, params, batch, layer_depth, target, loss_fn, **model_kwargs: as for
