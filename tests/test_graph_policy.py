@@ -16,9 +16,10 @@ from graph_oracles import random_graph
 
 
 def _random_options(rng: random.Random, n: int) -> list[list[UnitOption]]:
-  """Per unit: KEEP (held, no seconds) and sometimes DOTS (held less, some seconds)."""
+  """Per unit: KEEP (held, no seconds) and sometimes DOTS (held less, some seconds; whole
+  numbers, so that plans tie)."""
   return [[UnitOption(Option(KEEP), rng.randint(0, 40), 0.0)]
-          + ([UnitOption(Option(DOTS), rng.randint(0, 20), rng.uniform(0.0, 1.0))]
+          + ([UnitOption(Option(DOTS), rng.randint(0, 20), float(rng.randint(0, 2)))]
              if rng.random() < 0.6 else []) for _ in range(n)]
 
 
@@ -41,13 +42,13 @@ def _every_plan(n: int, options: list[list[UnitOption]], rec: list[float]):
         yield PolicyPlan(tuple(groups)), seconds
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", range(60))
 def test_dp_is_the_brute_force_fastest_within_the_budget(seed):
   rng = random.Random(seed)
   n = rng.randint(1, 6)
   graph = random_graph(rng, n)
   options = _random_options(rng, n)
-  rec = [rng.uniform(0.5, 2.0) for _ in range(n)]
+  rec = [float(rng.randint(1, 2)) for _ in range(n)]
   kept = {(i, o.option): o.kept_bytes for i in range(n) for o in options[i]}
   plans = [(p, s, policy_peak_bytes(graph, p, kept)) for p, s in _every_plan(n, options, rec)]
   peaks = sorted({peak for _, _, peak in plans})
@@ -59,8 +60,25 @@ def test_dp_is_the_brute_force_fastest_within_the_budget(seed):
       assert err.value.min_feasible_bytes == peaks[0]
       continue
     plan, peak, seconds = solve_graph_policy(graph, options, rec, budget)
-    assert seconds == pytest.approx(min(s for s, _ in within))
+    fastest = min(s for s, _ in within)
+    assert seconds == pytest.approx(fastest)
     assert peak == policy_peak_bytes(graph, plan, kept) <= budget
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_walk_is_model_g_on_layer_boundary_plans(seed):
+  """``policy_peak_bytes`` (what the DP solves) on a plan without options is model G's
+  peak (``graph_peak_bytes``), for every plan of a random graph."""
+  rng = random.Random(200 + seed)
+  n = rng.randint(1, 7)
+  graph = random_graph(rng, n)
+  for k in range(n):
+    for cuts in itertools.combinations(range(1, n), k):
+      bounds = (0, *cuts)
+      groups = [Group(l, r, Option(RECOMPUTE)) for l, r in zip(bounds, cuts)]
+      groups += [Group(i, i + 1, Option(KEEP)) for i in range(bounds[-1], n)]
+      plan = PolicyPlan(tuple(groups))
+      assert policy_peak_bytes(graph, plan, {}) == graph_peak_bytes(graph, Plan(cuts))
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -257,20 +257,23 @@ def test_policy_plans_on_a_graph_keep_gradients(zoo_model):
 def test_fit_on_a_graph_fits_and_keeps_gradients(zoo_model):
   """fit plans a graph: XLA's footprint of its drop-in (measured here, apart from fit)
   is within the budget, and its gradients are the model's."""
-  _, model, params, x = zoo_model
+  name, model, params, x = zoo_model
   fitted = jaxremat.fit(model.apply, params, x, 0.75)
   assert isinstance(fitted.chain, GraphChain)
   assert fitted.measured_total_bytes <= fitted.budget_bytes
   assert jaxremat.measure(_loss(fitted.fn), params, x).total_bytes <= fitted.budget_bytes
   assert fitted.timed and fitted.timed[0][1] == fitted.measured_total_bytes
+  if name == "unet":  # the DP's plan fits (the DenseNet's of 0.26 MB miss by 7%)
+    assert any("graph DP" in what for what, _, _ in fitted.timed)
   _assert_trees_close(jax.jit(jax.grad(_loss(model.apply)))(params, x),
                       jax.jit(jax.grad(_loss(fitted.fn)))(params, x))
   assert "frontier (XLA footprint" in fitted.report()
 
 
 def test_fit_on_a_graph_predicted_and_infeasible(zoo_model):
-  """verify=False: the graph DP's plan, predicted within the budget; a budget below the
-  fixed bytes says the least footprint found."""
+  """verify=False: the graph DP's plan, predicted within the budget; a budget just above
+  the fixed bytes says the least footprint XLA measured; a budget no remat fits returns
+  no remat."""
   _, model, params, x = zoo_model
   fitted = jaxremat.fit(model.apply, params, x, 0.75, verify=False)
   assert fitted.measured_total_bytes is None and fitted.compiled == ()
@@ -278,3 +281,6 @@ def test_fit_on_a_graph_predicted_and_infeasible(zoo_model):
   with pytest.raises(jaxremat.InfeasibleBudgetError, match="least footprint found is") as err:
     jaxremat.fit(model.apply, params, x, fitted.fixed_bytes + 1)
   assert err.value.min_feasible_bytes > fitted.fixed_bytes + 1
+  whole = jaxremat.fit(model.apply, params, x, 1.0)
+  assert all(g.option.kind == KEEP for g in whole.plan.groups)
+  assert whole.measured_total_bytes == whole.no_remat_bytes <= whole.budget_bytes

@@ -62,9 +62,9 @@ class Fitted:
     fixed_bytes: parameters, batch, array kwargs and parameter gradients (bytes).
     no_remat_bytes: the step's footprint without remat (bytes; XLA-measured when
       ``verify``), the base of a fractional budget.
-    predicted_total_bytes: the plan's predicted footprint (bytes); None for a
-      per-residual plan of a graph, which nothing predicts (``measured_total_bytes``
-      is its footprint).
+    predicted_total_bytes: the plan's predicted footprint (bytes); None for a graph's
+      plan of the shortlist (uniform per-layer options), which nothing predicts
+      (``measured_total_bytes`` is its footprint).
     predicted_seconds: the time its recomputation and offload add to a step (seconds,
       by the target's roofline).
     measured_total_bytes: XLA's footprint of the plan (bytes), None without ``verify``.
@@ -123,8 +123,8 @@ class Fitted:
       lines.append(f"{'returned' if k == 0 else 'timed':<9}{what:<34}{fmt_bytes(total):>12}"
                    f"{seconds * 1e3:>10.2f} ms per step (measured)")
     points = [f"{fmt_bytes(b)}: {s * 1e3:.3f}" for b, s in self.frontier]
-    lines.append(f"frontier ({'predicted' if isinstance(self.chain, Chain) else 'XLA'} "
-                 "footprint: roofline ms):")
+    xla = not isinstance(self.chain, Chain) and self.measured_total_bytes is not None
+    lines.append(f"frontier ({'XLA' if xla else 'predicted'} footprint: roofline ms):")
     lines += ["  " + ", ".join(points[k:k + 6]) for k in range(0, len(points), 6)]
     return "\n".join(lines)
 

@@ -38,7 +38,7 @@ from jaxremat._model.policy_plan import (
   from_plan,
 )
 
-#: Shortlisted plans compiled beyond the layer-boundary plan's own compiles.
+#: Compiles of the DP's plans; and, apart, of the shortlist's (beyond ``fit_budget``'s).
 MAX_GRAPH_COMPILES = 6
 LAYER_PLAN = "layer-boundary plan"
 
@@ -69,8 +69,8 @@ class GraphFit:
   Attributes:
     chosen: the plan returned.
     footprint: XLA's footprint of it (bytes), None without compiles.
-    predicted_bytes: model G's (or the replay's) footprint of it where it is the
-      layer-boundary plan (bytes), else None: nothing predicts a graph's per-residual plans.
+    predicted_bytes: its predicted footprint (bytes): the DP's, or the planner's for the
+      layer-boundary plan; None for a plan of the shortlist, which nothing predicts.
     compiled: XLA's footprint (bytes) of each plan compiled, in order.
     points: ``(XLA bytes, roofline seconds)`` of each shortlisted plan compiled.
     timed: ``(what, XLA bytes, step seconds)`` of the plans timed, the returned first.
@@ -86,12 +86,16 @@ class GraphFit:
 
 def group_cost(layers: LayerOptions, group: Group) -> GroupCost:
   """A group's bytes and seconds on a graph: one layer's as ``LayerOptions.measure``
-  gives them (stored: what its VJP saves beyond its inputs; kept, no seconds); a group of several layers
+  gives them (stored: what its VJP saves beyond its inputs; seconds: its recompute's and
+  its offload's; kept, none); a group of several layers
   holds its inputs (bytes of the values it reads from outside, parameters aside) and
   recomputes each layer. Transient bytes are not modelled on a graph (0): XLA judges."""
   if group.stop - group.start == 1:
     stored, seconds = layers.measure(group.start, group.option)
-    return GroupCost(group, stored, 0, 0.0 if group.option.kind == KEEP else seconds)
+    if group.option.kind == KEEP:
+      return GroupCost(group, stored, 0, 0.0)
+    host, moved = layers.offload(group.start, group.option)
+    return GroupCost(group, stored, 0, seconds + moved, host)
   inside = layers.traced.layers[group.start:group.stop]
   made = {v for layer in inside for e in layer.eqns for v in e.outvars}
   read = dict.fromkeys(v for layer in inside for v in layer.inputs if v not in made)
@@ -111,8 +115,7 @@ def shortlist(layers: LayerOptions, layer_plan: Plan | None, layer_bytes: int | 
               ) -> list[Candidate]:
   """Every layer under one option, the layer-boundary plan (predicted ``layer_bytes``),
   and that plan with each layer it recomputes keeping its matrix products instead;
-  distinct plans, least roofline seconds first (infinite ones, an offload without a host
-  link, left out)."""
+  distinct plans, least roofline seconds first."""
   n = len(layers.traced.layers)
   found: dict[PolicyPlan, str] = {}
   for kind in (KEEP, DOTS_NO_BATCH, DOTS, RECOMPUTE):
@@ -128,7 +131,7 @@ def shortlist(layers: LayerOptions, layer_plan: Plan | None, layer_bytes: int | 
   made = [Candidate(what, tuple(group_cost(layers, g) for g in plan.groups),
                     layer_bytes if what == LAYER_PLAN else None)
           for plan, what in found.items()]
-  return sorted((c for c in made if math.isfinite(c.seconds)), key=lambda c: c.seconds)
+  return sorted(made, key=lambda c: c.seconds)
 
 
 class GraphDP:
@@ -142,11 +145,11 @@ class GraphDP:
     self.base = self.graph.crossing_bytes(0)  # the batch: in the fixed bytes already
     none = graph_peak_bytes(self.graph, Plan(()))
     self.scale = max(plain_bytes - self.fixed, 1) / max(none - self.base, 1)
-    self.options = [[UnitOption(o, *layers.measure(i, o)) if o.kind != KEEP else
-                     UnitOption(o, layers.measure(i, o)[0], 0.0)
-                     for o in (Option(KEEP), *layers.options(i)) if o.kind != RECOMPUTE]
-                    for i in range(n)]
-    self.options = [[o for o in unit if math.isfinite(o.seconds)] for unit in self.options]
+    costs = [[group_cost(layers, Group(i, i + 1, o))
+              for o in (Option(KEEP), *layers.options(i)) if o.kind != RECOMPUTE]
+             for i in range(n)]
+    self.options = [[UnitOption(c.group.option, c.stored_bytes, c.seconds) for c in unit
+                     if math.isfinite(c.seconds)] for unit in costs]
     self.recompute = [layers.measure(i, Option(RECOMPUTE))[1] for i in range(n)]
 
   def total(self, peak: int) -> int:
@@ -199,7 +202,11 @@ def fit_graph(planner: GraphPlanner, layers: LayerOptions, budget: int, plain_by
   if measured is None:
     only, total = dp.solve(budget)
     return GraphFit(only, None, total, (), ((total, only.seconds),))
-  seen: dict[PolicyPlan, int] = {from_plan((), n): plain_bytes}
+  if plain_bytes <= budget:  # no remat fits: nothing is faster
+    keep = Candidate("no remat", tuple(group_cost(layers, g) for g in from_plan((), n).groups),
+                     plain_bytes)
+    return GraphFit(keep, plain_bytes, plain_bytes, (), ((plain_bytes, 0.0),))
+  seen: dict[PolicyPlan, int] = {}
   compiled: list[int] = []
 
   def footprint(plan: PolicyPlan) -> int:
@@ -229,9 +236,10 @@ def fit_graph(planner: GraphPlanner, layers: LayerOptions, budget: int, plain_by
   if not fitting or time_plans is not None:
     more = _shortlisted(planner, layers, budget, footprint, time_plans is not None)
     examined += more
-    fitting += [c for c in more if seen[c.plan] <= budget and c not in fitting]
+    fitting += [c for c in more if seen[c.plan] <= budget
+                and c.plan not in {f.plan for f in fitting}]
   if not fitting:
-    least = min(seen.values())
+    least = min(seen.values(), default=plain_bytes)
     raise InfeasibleBudgetError(
         f"no plan fits the step in {budget} bytes; the least footprint found is {least} "
         "bytes (XLA-measured)", budget_bytes=budget, min_feasible_bytes=least)
@@ -251,7 +259,7 @@ def _shortlisted(planner: GraphPlanner, layers: LayerOptions, budget: int,
                  footprint: Callable[[PolicyPlan], int], every: bool) -> list[Candidate]:
   """The layer-boundary budget plan XLA fits (``fit_budget``; absent when none does),
   last, after the plans of ``shortlist`` predicted faster that were compiled (up to
-  ``MAX_GRAPH_COMPILES``; with ``every`` all of them, else until one fits)."""
+  ``MAX_GRAPH_COMPILES``; until one fits, or with ``every`` past it)."""
   n = planner.chain.n
   layer_plan = None
   try:

@@ -91,6 +91,12 @@ class LayerOptions:
                                                self.roofline, self._forward[key])
     return self._measured[(key, option)]
 
+  def offload(self, i: int, option: Option) -> tuple[int, float]:
+    """``(bytes, seconds)`` of what layer ``i`` under ``option`` offloads to host memory
+    and the time moving it there and back adds (``inf`` without a host link)."""
+    host = _offloaded_bytes(self.traced, i, option)
+    return host, self.roofline.offload_seconds(host) if host else 0.0
+
   def options(self, i: int) -> list[Option]:
     """Layer ``i``'s candidate options beside ``KEEP`` (offload where the roofline has a
     link to host memory)."""
@@ -142,8 +148,8 @@ class OptionCosts(LayerOptions):
       seconds = self.measure(l, Option(RECOMPUTE))[1] if l in self.segmented else 0.0
       return GroupCost(group, b, self._base(l), seconds)
     kept, seconds = self.measure(l, group.option)
-    host = _offloaded_bytes(self.traced, l, group.option)
-    seconds += self.roofline.offload_seconds(host) if host else 0.0
+    host, moved = self.offload(l, group.option)
+    seconds += moved
     return GroupCost(group, c.act_bytes[l] + min(kept, max(b - e, 0)),
                      max(b - e - kept, 0) + host + self._base(l), seconds, host)
 

@@ -8,8 +8,9 @@ step. Its backward's peak is the segment's ``L`` either way: every residual exis
 kept or recomputed. So, left to right over kept cuts, a plan's state at cut ``r`` is what
 it holds (the crossing values kept so far, each once, and the options' bytes) and its
 seconds; a segment ``(l, r]`` may follow when ``held + L(l, r)`` is within the budget.
-Two states at a cut compare on those two numbers alone, so keeping each cut's Pareto set
-(least seconds for each held) makes the DP exact. The last segment keeps its residuals.
+What may follow a state depends on its held bytes alone, so keeping each cut's Pareto set
+of held bytes and seconds makes the DP exact in seconds. The last segment keeps its
+residuals.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
+
+import numpy as np
 
 from jaxremat._errors import InfeasibleBudgetError, InvalidArgumentError
 from jaxremat._model.graph import GraphChain
@@ -40,19 +43,38 @@ class UnitOption:
   seconds: float
 
 
-@dataclasses.dataclass(frozen=True)
-class _State:
-  held: int
-  seconds: float
-  peak: int
-  back: tuple[int, int, UnitOption | None] | None  # (previous cut, its state, option)
+_DTYPES = (np.int64, np.float64, np.int64, np.int64, np.int64, np.int64, np.bool_)
+
+
+@dataclasses.dataclass
+class _States:
+  """States at one cut, as arrays: held bytes, seconds, peak so far, and the way back
+  (previous cut, index of its state there, option index into that unit's options, -1
+  for a segment recomputed whole); ``after_keep``: the last segment was a unit kept."""
+
+  held: np.ndarray
+  seconds: np.ndarray
+  peak: np.ndarray
+  back_cut: np.ndarray
+  back_state: np.ndarray
+  back_option: np.ndarray
+  after_keep: np.ndarray
+
+  @classmethod
+  def joined(cls, parts: list[_States]) -> _States:
+    return cls(*(np.concatenate([getattr(p, f.name) for p in parts])
+                 for f in dataclasses.fields(cls)))
+
+  def take(self, index: np.ndarray) -> _States:
+    return _States(*(getattr(self, f.name)[index] for f in dataclasses.fields(self)))
 
 
 def solve_graph_policy(graph: GraphChain, options: Sequence[Sequence[UnitOption]],
                        recompute_seconds: Sequence[float], budget_bytes: int
                        ) -> tuple[PolicyPlan, int, float]:
-  """The plan of least seconds whose model-G peak is within ``budget_bytes``, among equal
-  seconds the one peaking least.
+  """The plan of least seconds whose model-G peak is within ``budget_bytes`` (among states
+  of equal held bytes and seconds, the one peaking least is kept; a plan of equal seconds
+  that peaks less may still be passed over).
 
   Args:
     graph: the units and their values.
@@ -76,55 +98,64 @@ def solve_graph_policy(graph: GraphChain, options: Sequence[Sequence[UnitOption]
   big_l, big_d = _segment_terms(graph)
   before = [0.0, *itertools.accumulate(recompute_seconds)]
   start = graph.crossing_bytes(0)
-  states: list[list[_State]] = [[_State(start, 0.0, start, None)]]
-  for r in range(1, n):
-    found = []
-    for l in range(r):
-      for k, s in enumerate(states[l]):
-        live = s.held + big_l[l][r - l - 1]
-        if live > budget_bytes:
-          continue
-        peak, added = max(s.peak, live), s.held + big_d[l][r - l - 1]
-        found.append(_State(added, s.seconds + before[r] - before[l], peak, (l, k, None)))
-        if r == l + 1:
-          found += [_State(added + o.kept_bytes, s.seconds + o.seconds, peak, (l, k, o))
-                    for o in options[l]]
+  keeps = [np.array([o.option.kind == KEEP for o in unit], dtype=bool) for unit in options]
+  incoming: list[list[_States]] = [[] for _ in range(n)]
+  incoming[0].append(_States(*(np.array([v], dtype=t) for v, t in zip(
+      (start, 0.0, start, -1, -1, -1, False), _DTYPES))))
+  states: list[_States] = []
+  for l in range(n):
+    if not incoming[l]:  # no plan within the budget keeps this cut
+      incoming[l].append(_States(*(np.array([], dtype=t) for t in _DTYPES)))
+    found = _States.joined(incoming[l])
     # apart: a state after a kept unit may not end the plan, so it prunes no other
-    states.append(_pareto([s for s in found if not _kept_unit(s)])
-                  + _pareto([s for s in found if _kept_unit(s)]))
-  finals = [(s.seconds, max(s.peak, s.held + big_l[c][-1]), c, k)
-            for c in range(n) for k, s in enumerate(states[c])
-            if s.held + big_l[c][-1] <= budget_bytes and not _kept_unit(s)]
-  if not finals:
+    front = _States.joined([found.take(_pareto(found, found.after_keep == flag))
+                            for flag in (False, True)])
+    states.append(at := front.take(np.argsort(front.held, kind="stable")))
+    for r in range(l + 1, n):  # L(l, r) grows with r: stop once no state can go on
+      live_limit = budget_bytes - big_l[l][r - l - 1]
+      count = int(np.searchsorted(at.held, live_limit, side="right"))
+      if count == 0:
+        break
+      held, seconds = at.held[:count], at.seconds[:count]
+      peak = np.maximum(at.peak[:count], held + big_l[l][r - l - 1])
+      added, index = held + big_d[l][r - l - 1], np.arange(count)
+      cut, none = np.full(count, l), np.full(count, -1)
+      incoming[r].append(_States(added, seconds + before[r] - before[l], peak, cut, index,
+                                 none, np.zeros(count, dtype=bool)))
+      if r == l + 1:
+        for j, o in enumerate(options[l]):
+          incoming[r].append(_States(added + o.kept_bytes, seconds + o.seconds, peak, cut,
+                                     index, np.full(count, j), np.full(count, keeps[l][j])))
+  best = None  # (seconds, peak, last cut, state)
+  for c in range(n):
+    s = states[c]
+    live = s.held + big_l[c][-1]
+    for k in np.flatnonzero((live <= budget_bytes) & ~s.after_keep):
+      key = (float(s.seconds[k]), int(max(s.peak[k], live[k])), c, int(k))
+      best = key if best is None or key < best else best
+  if best is None:
     least = _least_peak(graph, big_l, big_d) if n > 1 else start + big_l[0][0]
     raise InfeasibleBudgetError(
         f"no plan peaks within {budget_bytes} bytes; the least model-G peak of any plan is "
         f"{least} bytes.", budget_bytes=budget_bytes, min_feasible_bytes=least)
-  seconds, peak, c, k = min(finals)
+  seconds_, peak_, c, k = best
   groups = [Group(i, i + 1, Option(KEEP)) for i in range(c, n)]
-  back = states[c][k].back
-  while back is not None:
-    l, k, option = back
-    groups.insert(0, Group(l, c, Option(RECOMPUTE)) if option is None
-                  else Group(l, c, option.option))
-    c, back = l, states[l][k].back
-  return PolicyPlan(tuple(groups)), peak, seconds
+  while c > 0:
+    l, j = int(states[c].back_cut[k]), int(states[c].back_option[k])
+    groups.insert(0, Group(l, c, Option(RECOMPUTE) if j < 0 else options[l][j].option))
+    c, k = l, int(states[c].back_state[k])
+  return PolicyPlan(tuple(groups)), peak_, seconds_
 
 
-def _kept_unit(state: _State) -> bool:
-  """Whether the state's last segment is a unit under ``KEEP``: the last segment (kept)
-  may not follow one, so that a plan's last segment is its run of kept units at the end."""
-  return state.back is not None and state.back[2] is not None and (
-      state.back[2].option.kind == KEEP)
-
-
-def _pareto(states: list[_State]) -> list[_State]:
-  """The states no other beats on both held bytes and seconds (ties: least peak)."""
-  front: list[_State] = []
-  for s in sorted(states, key=lambda s: (s.held, s.seconds, s.peak)):
-    if not front or s.seconds < front[-1].seconds - 1e-15 * max(1.0, abs(s.seconds)):
-      front.append(s)
-  return front
+def _pareto(states: _States, among: np.ndarray) -> np.ndarray:
+  """Indices of the states of ``among`` (a mask) that no other there beats on both held
+  bytes and seconds (of equal ones, the least peak)."""
+  index = np.flatnonzero(among)
+  order = index[np.lexsort((states.peak[index], states.seconds[index], states.held[index]))]
+  seconds = states.seconds[order]
+  keep = np.ones(len(order), dtype=bool)
+  keep[1:] = seconds[1:] < np.minimum.accumulate(seconds)[:-1]
+  return order[keep]
 
 
 def policy_peak_bytes(graph: GraphChain, plan: PolicyPlan,
