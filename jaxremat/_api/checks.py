@@ -12,6 +12,7 @@ from flax import nnx
 
 from jaxremat._api.loss import training_output
 from jaxremat._backends.measure import check_scalar_loss
+from jaxremat._backends.targets import Target
 from jaxremat._errors import InvalidArgumentError, InvalidBudgetError, UnsupportedModelError
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.trace import TracedChain, is_array_leaf
@@ -203,3 +204,19 @@ def fixed_bytes(params: Any, batch: Any, arrays: Any) -> int:
 def _tree_bytes(tree: Any, floats_only: bool = False) -> int:
   return sum(_compat.aval_bytes(x) for x in jax.tree_util.tree_leaves(tree)
              if not floats_only or _compat.is_float(x))
+
+
+def check_time_steps(time_steps: bool | None, verify: bool, target: Target | None,
+                      params: Any, batch: Any) -> bool:
+  """Whether to time the fitting plans: ``time_steps``, by default when it can be done."""
+  abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((params, batch)))
+  if time_steps is None:
+    return verify and target is None and not abstract
+  if time_steps and (not verify or target is not None or abstract):
+    why = ("verify=False compiles nothing" if not verify else
+           f"the target {target.name} is compiled for, not run" if target is not None else
+           "params or batch are jax.ShapeDtypeStructs, not arrays")
+    raise InvalidArgumentError(
+        f"time_steps=True runs the fitting plans on this machine, but {why}. Pass "
+        "concrete arrays with verify=True and no target, or leave time_steps unset.")
+  return bool(time_steps)

@@ -24,7 +24,7 @@ from jaxremat._api.fit_search import LayerPlans, Search, alternatives
 from jaxremat._api.graph_planner import GraphPlanner
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
-from jaxremat._api.planner import ChainPlanner, check_holds_inputs, make_planner
+from jaxremat._api.planner import check_holds_inputs, make_planner
 from jaxremat._api.planning import fmt_bytes
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import measured_segments, sweep_uniform
@@ -35,7 +35,7 @@ from jaxremat._backends.replay import Replay
 from jaxremat._backends.roofline import roofline_for
 from jaxremat._backends.step_time import best_step_seconds
 from jaxremat._backends.targets import Target, get_target
-from jaxremat._errors import InfeasibleBudgetError, InvalidArgumentError
+from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Chain, Plan
@@ -102,8 +102,9 @@ class Fitted:
     for c in self.costs:
       g = c.group
       label = names[g.start] if g.stop - g.start == 1 else f"{names[g.start]} .. {names[g.stop - 1]}"
+      transient = fmt_bytes(c.transient_bytes) if isinstance(self.chain, Chain) else "-"
       lines.append(f"{label[:39]:<40}{g.option.describe():>22}{fmt_bytes(c.stored_bytes):>12}"
-                   f"{fmt_bytes(c.transient_bytes):>12}{c.seconds * 1e3:>12.3f}")
+                   f"{transient:>12}{c.seconds * 1e3:>12.3f}")
     lines.append("")
     if self.target:
       lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")
@@ -216,7 +217,7 @@ def fit(
                        "A float in (0, 1] is a share of the activations instead "
                        "(memory_budget=0.5: half of them).", given=memory_budget)
   resolved = get_target(target)
-  timed = _check_time_steps(time_steps, verify, resolved, params, batch)
+  timed = checks.check_time_steps(time_steps, verify, resolved, params, batch)
   clock = Stopwatch()
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
@@ -377,22 +378,6 @@ def fit(
       compiled=tuple(compiled), frontier=frontier,
       target=resolved.name if resolved else None, timed=tuple(timings),
       stage_seconds=dict(clock.seconds))
-
-
-def _check_time_steps(time_steps: bool | None, verify: bool, target: Target | None,
-                      params: Any, batch: Any) -> bool:
-  """Whether to time the fitting plans: ``time_steps``, by default when it can be done."""
-  abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((params, batch)))
-  if time_steps is None:
-    return verify and target is None and not abstract
-  if time_steps and (not verify or target is not None or abstract):
-    why = ("verify=False compiles nothing" if not verify else
-           f"the target {target.name} is compiled for, not run" if target is not None else
-           "params or batch are jax.ShapeDtypeStructs, not arrays")
-    raise InvalidArgumentError(
-        f"time_steps=True runs the fitting plans on this machine, but {why}. Pass "
-        "concrete arrays with verify=True and no target, or leave time_steps unset.")
-  return bool(time_steps)
 
 
 def _infeasible(budget: int, least: int, how: str, traced: TracedChain,
