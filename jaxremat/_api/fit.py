@@ -103,7 +103,8 @@ class Fitted:
       g = c.group
       label = names[g.start] if g.stop - g.start == 1 else f"{names[g.start]} .. {names[g.stop - 1]}"
       transient = fmt_bytes(c.transient_bytes) if isinstance(self.chain, Chain) else "-"
-      lines.append(f"{label[:39]:<40}{g.option.describe():>22}{fmt_bytes(c.stored_bytes):>12}"
+      label = label if len(label) < 40 else "..." + label[-36:]  # the ends tell layers apart
+      lines.append(f"{label:<40}{g.option.describe():>22}{fmt_bytes(c.stored_bytes):>12}"
                    f"{transient:>12}{c.seconds * 1e3:>12.3f}")
     lines.append("")
     if self.target:

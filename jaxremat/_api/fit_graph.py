@@ -173,7 +173,7 @@ class GraphDP:
           budget_bytes=budget, min_feasible_bytes=least) from None
     costs = tuple(group_cost(self.layers, g) for g in plan.groups)
     total = self.total(peak)
-    return Candidate("least predicted recompute (graph DP)", costs, total), total
+    return Candidate("graph DP: least predicted", costs, total), total
 
 
 def fit_graph(planner: GraphPlanner, layers: LayerOptions, budget: int, plain_bytes: int,
