@@ -72,7 +72,8 @@ class Fitted:
     frontier: ``(predicted bytes, predicted seconds)`` of the fastest plan at each
       budget from the least footprint to no remat (the memory-versus-time frontier),
       of the DP's plans at budgets spread over that range and the plans fit examined;
-      on a graph, ``(XLA bytes, predicted seconds)`` of the shortlisted plans compiled.
+      on a graph, ``(XLA bytes, predicted seconds)`` of the plans compiled (with
+      ``verify=False``, the DP's plan as predicted).
     target: the GPU target planned for, or None for the local backend.
     timed: with ``time_steps``: ``(what, XLA bytes, step seconds)`` of each plan that
       fits and was timed on this machine, the returned one first; else empty.
@@ -111,7 +112,7 @@ class Fitted:
       lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")
     lines.append(f"budget {fmt_bytes(self.budget_bytes)}; no remat {fmt_bytes(self.no_remat_bytes)}; "
                  f"fixed (params, batch, grads) {fmt_bytes(self.fixed_bytes)}")
-    predicted = ("not predicted (a graph's per-residual plan)" if self.predicted_total_bytes
+    predicted = ("not predicted (a graph's shortlisted plan)" if self.predicted_total_bytes
                  is None else fmt_bytes(self.predicted_total_bytes))
     lines.append(f"predicted footprint {predicted}; recompute "
                  f"{self.predicted_seconds * 1e3:.3f} ms per step by the roofline (XLA's FLOPs "

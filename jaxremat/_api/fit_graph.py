@@ -22,7 +22,6 @@ from jaxremat._api.graph_planner import GraphPlanner
 from jaxremat._api.verify import fit_budget
 from jaxremat._backends.policy_options import LayerOptions
 from jaxremat._errors import InfeasibleBudgetError
-from jaxremat.solvers._graph_policy import UnitOption, solve_graph_policy
 from jaxremat._jaxpr.compat import aval_bytes
 from jaxremat._model.chain import Plan
 from jaxremat._model.graph import graph_peak_bytes
@@ -37,6 +36,7 @@ from jaxremat._model.policy_plan import (
   PolicyPlan,
   from_plan,
 )
+from jaxremat.solvers._graph_policy import UnitOption, solve_graph_policy
 
 #: Compiles of the DP's plans; and, apart, of the shortlist's (beyond ``fit_budget``'s).
 MAX_GRAPH_COMPILES = 6
@@ -85,11 +85,11 @@ class GraphFit:
 
 
 def group_cost(layers: LayerOptions, group: Group) -> GroupCost:
-  """A group's bytes and seconds on a graph: one layer's as ``LayerOptions.measure``
-  gives them (stored: what its VJP saves beyond its inputs; seconds: its recompute's and
-  its offload's; kept, none); a group of several layers
-  holds its inputs (bytes of the values it reads from outside, parameters aside) and
-  recomputes each layer. Transient bytes are not modelled on a graph (0): XLA judges."""
+  """A group's bytes and seconds on a graph. One layer: as ``LayerOptions.measure`` gives
+  them (stored: what its VJP saves beyond its inputs; seconds: its recompute's and its
+  offload's, none when kept). Several layers: it holds its inputs (the values it reads
+  from outside, parameters aside) and recomputes each layer. Transient bytes are not
+  modelled on a graph (0): XLA judges."""
   if group.stop - group.start == 1:
     stored, seconds = layers.measure(group.start, group.option)
     if group.option.kind == KEEP:
@@ -274,8 +274,8 @@ def _shortlisted(planner: GraphPlanner, layers: LayerOptions, budget: int,
   for c in candidates:
     if c.seconds >= limit or len(compiled) >= MAX_GRAPH_COMPILES:
       break
-    if planner.fixed_bytes + held_at_least(c) > budget:
-      continue  # it cannot fit: not worth a compile
+    if c.plan == from_plan((), n) or planner.fixed_bytes + held_at_least(c) > budget:
+      continue  # no remat, or a plan that cannot fit: not worth a compile
     compiled.append(c)
     if footprint(c.plan) <= budget and not every:
       break

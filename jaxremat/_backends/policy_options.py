@@ -169,6 +169,7 @@ class OptionCosts(LayerOptions):
     return GroupCost(group, c.act_bytes[l] + kept,
                      transient + c.cot_bytes[l] + c.cot_bytes[l + 1], seconds)
 
+
 def scan_policy(group: Group, segmented: frozenset[int]) -> bool:
   """Whether ``group`` runs a segmented scanned stack under a policy that keeps its matrix
   products, one iteration per segment (``_scan.layout``)."""
