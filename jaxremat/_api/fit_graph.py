@@ -92,8 +92,6 @@ def group_cost(layers: LayerOptions, group: Group) -> GroupCost:
   modelled on a graph (0): XLA judges."""
   if group.stop - group.start == 1:
     stored, seconds = layers.measure(group.start, group.option)
-    if group.option.kind == KEEP:
-      return GroupCost(group, stored, 0, 0.0)
     host, moved = layers.offload(group.start, group.option)
     return GroupCost(group, stored, 0, seconds + moved, host)
   inside = layers.traced.layers[group.start:group.stop]
@@ -198,14 +196,14 @@ def fit_graph(planner: GraphPlanner, layers: LayerOptions, budget: int, plain_by
       found (XLA's with ``measured``, else predicted).
   """
   n = planner.chain.n
-  dp = GraphDP(planner, layers, plain_bytes)
   if measured is None:
-    only, total = dp.solve(budget)
+    only, total = GraphDP(planner, layers, plain_bytes).solve(budget)
     return GraphFit(only, None, total, (), ((total, only.seconds),))
   if plain_bytes <= budget:  # no remat fits: nothing is faster
     keep = Candidate("no remat", tuple(group_cost(layers, g) for g in from_plan((), n).groups),
                      plain_bytes)
     return GraphFit(keep, plain_bytes, plain_bytes, (), ((plain_bytes, 0.0),))
+  dp = GraphDP(planner, layers, plain_bytes)
   seen: dict[PolicyPlan, int] = {}
   compiled: list[int] = []
 
@@ -218,21 +216,17 @@ def fit_graph(planner: GraphPlanner, layers: LayerOptions, budget: int, plain_by
   examined: list[Candidate] = []
   fitting: list[Candidate] = []  # those XLA fits
   allowed = budget
-  for _ in range(4 * MAX_GRAPH_COMPILES):
-    if len(compiled) >= MAX_GRAPH_COMPILES:
-      break
+  for _ in range(MAX_GRAPH_COMPILES):  # each a new plan: after a miss the DP's peak falls
     try:
       found, total = dp.solve(allowed)
     except InfeasibleBudgetError:
       break
-    fresh = found.plan not in seen
     got = footprint(found.plan)
     examined.append(found)
     if got <= budget:
       fitting.append(found)
       break
-    # over: ask for less, by XLA's excess where it was compiled now
-    allowed = min(allowed, total) - (got - budget if fresh else 1)
+    allowed = min(allowed, total) - (got - budget)  # over: ask for less, by XLA's excess
   if not fitting or time_plans is not None:
     more = _shortlisted(planner, layers, budget, footprint, time_plans is not None)
     examined += more

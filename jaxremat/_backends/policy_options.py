@@ -228,8 +228,9 @@ def _measure(traced: TracedChain, i: int, option: Option, grad_invariants: set,
   """``(bytes kept on the device, seconds added)`` of layer ``i`` under ``option``.
 
   Bytes: the residuals its VJP saves that are not its arguments (nor offloaded). Seconds:
-  the roofline time of what the backward recomputes, the layer's ``forward`` (FLOPs,
-  bytes accessed) less the products the option keeps (their FLOPs, and the bytes they
+  the roofline time of what the backward recomputes (none under ``KEEP``), the layer's
+  ``forward`` (FLOPs, bytes accessed) less the products the option keeps (their FLOPs,
+  and the bytes they
   read and write).
   """
   vjp, args = _vjp(traced, i, option, grad_invariants)
@@ -245,7 +246,7 @@ def _measure(traced: TracedChain, i: int, option: Option, grad_invariants: set,
   flops = forward[0] - sum(t * _product_flops(e) for e, t in spared)
   touched = forward[1] - sum(t * _compat.aval_bytes(v.aval) for e, t in spared
                              for v in (*e.invars, *e.outvars) if hasattr(v, "aval"))
-  seconds = roofline.seconds(max(flops, 0.0), max(touched, 0.0))
+  seconds = 0.0 if option.kind == KEEP else roofline.seconds(max(flops, 0.0), max(touched, 0.0))
   return max(kept - _offloaded_bytes(traced, i, option), 0), seconds
 
 
