@@ -1,5 +1,5 @@
-"""The graph DP with per-unit options against brute force over every plan, and against
-model G where there are no options."""
+"""The graph DP with options per unit and per run of units against brute force over
+every plan, and against model G where there are no options."""
 
 import itertools
 import random
@@ -11,26 +11,34 @@ from jaxremat._model.chain import Plan
 from jaxremat._model.graph import graph_peak_bytes
 from jaxremat._model.policy_plan import DOTS, KEEP, RECOMPUTE, Group, Option, PolicyPlan
 from jaxremat.solvers._graph import solve_graph_budget
-from jaxremat.solvers._graph_policy import UnitOption, policy_peak_bytes, solve_graph_policy
+from jaxremat.solvers._graph_policy import SegmentOption, policy_peak_bytes, solve_graph_policy
 from graph_oracles import random_graph
 
 
-def _random_options(rng: random.Random, n: int) -> list[list[UnitOption]]:
-  """Per unit: KEEP (held, no seconds) and sometimes DOTS (held less, some seconds; whole
-  numbers, so that plans tie)."""
-  return [[UnitOption(Option(KEEP), rng.randint(0, 40), 0.0)]
-          + ([UnitOption(Option(DOTS), rng.randint(0, 20), float(rng.randint(0, 2)))]
-             if rng.random() < 0.6 else []) for _ in range(n)]
+def _random_options(rng: random.Random, n: int) -> list[list[SegmentOption]]:
+  """Per unit: KEEP (held, no seconds), sometimes DOTS (held less, some seconds; whole
+  numbers, so that plans tie), and sometimes DOTS over a run of 2 or 3 units from it."""
+  options = []
+  for l in range(n):
+    unit = [SegmentOption(Option(KEEP), rng.randint(0, 40), 0.0)]
+    if rng.random() < 0.6:
+      unit.append(SegmentOption(Option(DOTS), rng.randint(0, 20), float(rng.randint(0, 2))))
+    if rng.random() < 0.5 and l + 2 <= n:
+      unit.append(SegmentOption(Option(DOTS), rng.randint(0, 40), float(rng.randint(0, 3)),
+                                rng.randint(2, min(3, n - l))))
+    options.append(unit)
+  return options
 
 
-def _every_plan(n: int, options: list[list[UnitOption]], rec: list[float]):
-  """Every plan: kept cuts, and per single-unit segment before the last one, recomputed
-  or under one of its options (none but the last segment's run of kept units at the end)."""
+def _every_plan(n: int, options: list[list[SegmentOption]], rec: list[float]):
+  """Every plan: kept cuts, and per segment before the last one, recomputed or under one
+  of the options of its length (none but the last segment's run of kept units at the
+  end)."""
   for k in range(n):
     for cuts in itertools.combinations(range(1, n), k):
       bounds = (0, *cuts)
       segments = list(zip(bounds, (*cuts, n)))[:-1]
-      choices = [[None] + (options[l] if r == l + 1 else []) for l, r in segments]
+      choices = [[None] + [o for o in options[l] if o.length == r - l] for l, r in segments]
       for picked in itertools.product(*choices):
         if picked and picked[-1] is not None and picked[-1].option.kind == KEEP:
           continue  # a kept unit before the last segment is the last segment's
@@ -42,14 +50,14 @@ def _every_plan(n: int, options: list[list[UnitOption]], rec: list[float]):
         yield PolicyPlan(tuple(groups)), seconds
 
 
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", range(80))
 def test_dp_is_the_brute_force_fastest_within_the_budget(seed):
   rng = random.Random(seed)
   n = rng.randint(1, 6)
   graph = random_graph(rng, n)
   options = _random_options(rng, n)
   rec = [float(rng.randint(1, 2)) for _ in range(n)]
-  kept = {(i, o.option): o.kept_bytes for i in range(n) for o in options[i]}
+  kept = {Group(i, i + o.length, o.option): o.kept_bytes for i in range(n) for o in options[i]}
   plans = [(p, s, policy_peak_bytes(graph, p, kept)) for p, s in _every_plan(n, options, rec)]
   peaks = sorted({peak for _, _, peak in plans})
   for budget in {peaks[0] - 1, peaks[0], peaks[len(peaks) // 2], peaks[-1]}:

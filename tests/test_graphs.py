@@ -14,10 +14,14 @@ import jaxremat
 from jaxremat import zoo_graphs
 from jaxremat._errors import InvalidChainError, NotAChainError, UnknownMethodError
 from jaxremat._api.dropin import DropIn, input_key
+from jaxremat._api.fit_graph import module_runs, run_label
+from jaxremat._backends.policy_options import LayerOptions
+from jaxremat._backends.roofline import roofline_for
 from jaxremat._jaxpr.trace import trace
 from jaxremat._model.graph import GraphChain, graph_peak_bytes, graph_recompute_flops
-from jaxremat._model.policy_plan import DOTS, KEEP, RECOMPUTE, Group, Option, PolicyPlan
+from jaxremat._model.policy_plan import DOTS, KEEP, NAMES, RECOMPUTE, Group, Option, PolicyPlan
 from jaxremat.solvers._graph import solve_graph
+import realworld_models as rm
 from graph_oracles import random_graph, simulate_graph_peak
 from oracles import all_plans, literal_peak_of, random_chain
 
@@ -284,3 +288,50 @@ def test_fit_on_a_graph_predicted_and_infeasible(zoo_model):
   whole = jaxremat.fit(model.apply, params, x, 1.0)
   assert all(g.option.kind == KEEP for g in whole.plan.groups)
   assert whole.measured_total_bytes == whole.no_remat_bytes <= whole.budget_bytes
+
+
+def test_module_runs_and_their_labels():
+  """Runs of two or more consecutive layers inside one module, at every depth; a run's
+  report label names its module."""
+  names = ("embed", "(reshape)", "T/b0/LN", "T/b0/att/q", "T/b0/att/k", "T/b0/(add)",
+           "T/b1/LN", "T/b1/att/q", "T/b1/(add)", "T/norm", "head")
+  assert module_runs(names) == [(3, 5), (6, 9), (2, 6), (2, 10)]
+  assert run_label(names[2:6]) == "T/b0 (4 layers)"
+  assert run_label(names[0:2]) == "embed .. (reshape)"
+
+
+@pytest.mark.xla
+def test_a_split_blocks_runs_under_one_policy():
+  """A ViT split below its residual adds (``layer_depth=4``) is a graph; a block's pieces
+  run as one ``jax.checkpoint`` under a policy (named products indexed over the run's
+  equations) with the model's gradients, dropout included; a block recomputed whole costs
+  less by the roofline compiled whole than its pieces apart; and ``fit`` on the graph
+  fits XLA's footprint in the budget with the model's gradients."""
+  case = rm.build("vit", "test")
+  model, variables = rm.init(case)
+  traced = trace(model.apply, variables, case.batch, case.kwargs, 4)
+  names = tuple(layer.name for layer in traced.layers)
+  blocks = [(l, r) for l, r in module_runs(names)
+            if names[l].count("/") == 2 and "encoderblock" in names[l]]
+  assert traced.is_graph and len(blocks) == 2, blocks
+  layers = LayerOptions(traced, roofline_for(None))
+  (l0, r0), (l1, r1) = blocks
+  named = next(o for o in layers.options(l0, r0) if o.kind == NAMES)
+  whole, apart = (layers.measure_run(Group(l0, r0, Option(RECOMPUTE)))[1],
+                  sum(layers.measure(i, Option(RECOMPUTE))[1] for i in range(l0, r0)))
+  assert 0 < whole < apart
+  assert layers.measure_run(Group(l0, r0, named))[0] > 0
+  n = len(names)
+  plan = PolicyPlan((*(Group(i, i + 1, Option(KEEP)) for i in range(l0)), Group(l0, r0, named),
+                     *([Group(r0, l1, Option(RECOMPUTE))] if l1 > r0 else []),
+                     Group(l1, r1, Option(DOTS)),
+                     *(Group(i, i + 1, Option(KEEP)) for i in range(r1, n))))
+  key = input_key(variables, case.batch, case.kwargs)
+  loss = rm.loss(case, model.apply)
+  want = jax.jit(jax.grad(loss))(variables, case.batch)
+  fn = DropIn(model.apply, plan, 4, traced, key)
+  _assert_trees_close(want, jax.jit(jax.grad(rm.loss(case, fn)))(variables, case.batch))
+  fitted = jaxremat.fit(model.apply, variables, case.batch, 0.75, layer_depth=4,
+                        time_steps=False, **case.kwargs)
+  assert fitted.measured_total_bytes <= fitted.budget_bytes
+  _assert_trees_close(want, jax.jit(jax.grad(rm.loss(case, fitted.fn)))(variables, case.batch))

@@ -19,7 +19,7 @@ from jaxremat._api.advice import one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.memory_budget import (budget_in_bytes, budget_read_as, check_memory_budget,
                                          is_share)
-from jaxremat._api.fit_graph import fit_graph
+from jaxremat._api.fit_graph import fit_graph, run_label
 from jaxremat._api.fit_search import LayerPlans, Search, alternatives
 from jaxremat._api.graph_planner import GraphPlanner
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
@@ -102,7 +102,7 @@ class Fitted:
     lines = [f"{'layers':<40}{'option':>22}{'stored':>12}{'transient':>12}{'roofline ms':>12}"]
     for c in self.costs:
       g = c.group
-      label = names[g.start] if g.stop - g.start == 1 else f"{names[g.start]} .. {names[g.stop - 1]}"
+      label = names[g.start] if g.stop - g.start == 1 else run_label(names[g.start:g.stop])
       transient = fmt_bytes(c.transient_bytes) if isinstance(self.chain, Chain) else "-"
       label = label if len(label) < 40 else "..." + label[-36:]  # the ends tell layers apart
       lines.append(f"{label:<40}{g.option.describe():>22}{fmt_bytes(c.stored_bytes):>12}"

@@ -3,9 +3,11 @@ blocks split below their residual adds).
 
 The chain's DP over groups does not hold where values skip layers; model G does. Its DP
 over kept cuts, with a segment of one layer allowed to run under an option (keep its
-matrix products, its costliest ones, offload them, no remat), gives the plan of least
-predicted recompute within the budget (``solvers._graph_policy``), its bytes calibrated
-as a chain's are. XLA judges it; after a miss it is solved again for less. Where none of
+matrix products, its costliest ones, offload them, no remat) and a run of the layers of
+one module under a policy that keeps its products (a block split into pieces, as
+``nn.remat`` with ``dots_saveable`` runs it), gives the plan of least predicted
+recompute within the budget (``solvers._graph_policy``), its bytes calibrated as a
+chain's are. XLA judges it; after a miss it is solved again for less. Where none of
 those fits, or to time the candidates, ``fit`` also compiles a shortlist: the
 layer-boundary budget plan XLA fits (as ``apply(budget_bytes=)`` finds it:
 ``fit_budget``) and the plans a user would write by hand that the roofline puts faster
@@ -15,6 +17,7 @@ layer-boundary budget plan XLA fits (as ``apply(budget_bytes=)`` finds it:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 
@@ -36,7 +39,7 @@ from jaxremat._model.policy_plan import (
   PolicyPlan,
   from_plan,
 )
-from jaxremat.solvers._graph_policy import UnitOption, solve_graph_policy
+from jaxremat.solvers._graph_policy import SegmentOption, solve_graph_policy
 
 #: Compiles of the DP's plans; and, apart, of the shortlist's (beyond ``fit_budget``'s).
 MAX_GRAPH_COMPILES = 6
@@ -87,12 +90,18 @@ class GraphFit:
 def group_cost(layers: LayerOptions, group: Group) -> GroupCost:
   """A group's bytes and seconds on a graph. One layer: as ``LayerOptions.measure`` gives
   them (stored: what its VJP saves beyond its inputs; seconds: its recompute's and its
-  offload's, none when kept). Several layers: it holds its inputs (the values it reads
-  from outside, parameters aside) and recomputes each layer. Transient bytes are not
-  modelled on a graph (0): XLA judges."""
+  offload's, none when kept). The layers of one module (``module_runs``) under any
+  option, and several under a policy: as ``LayerOptions.measure_run`` gives them, from
+  the run compiled whole. Other runs recomputed: they hold their inputs (the values they
+  read from outside, parameters aside) and recompute each layer apart. Transient bytes
+  are not modelled on a graph (0): XLA judges."""
+  host, moved = layers.offload(group)
   if group.stop - group.start == 1:
     stored, seconds = layers.measure(group.start, group.option)
-    host, moved = layers.offload(group.start, group.option)
+    return GroupCost(group, stored, 0, seconds + moved, host)
+  names = tuple(layer.name for layer in layers.traced.layers)
+  if group.option.kind != RECOMPUTE or (group.start, group.stop) in module_runs(names):
+    stored, seconds = layers.measure_run(group)
     return GroupCost(group, stored, 0, seconds + moved, host)
   inside = layers.traced.layers[group.start:group.stop]
   made = {v for layer in inside for e in layer.eqns for v in e.outvars}
@@ -104,9 +113,37 @@ def group_cost(layers: LayerOptions, group: Group) -> GroupCost:
 
 def held_at_least(candidate: Candidate) -> int:
   """Bytes the plan holds at the end of its forward pass at least (a lower bound): what
-  its single layers' VJPs save beyond their inputs (a group of several layers holds
+  its groups' VJPs save beyond their inputs (a group of several layers recomputed holds
   inputs that other groups may hold too, and counts 0)."""
-  return sum(c.stored_bytes for c in candidate.costs if c.group.stop - c.group.start == 1)
+  return sum(c.stored_bytes for c in candidate.costs
+             if c.group.stop - c.group.start == 1 or c.group.option.kind != RECOMPUTE)
+
+
+def run_label(names: tuple[str, ...]) -> str:
+  """A report's name for a run of layers: the module holding them all, ``Encoder/block_3
+  (18 layers)``, else ``first .. last``."""
+  paths = [name.split("/")[:-1] for name in names]
+  common = next((k for k in range(min(map(len, paths))) if len({p[k] for p in paths}) > 1),
+                min(map(len, paths)))
+  if common == 0:
+    return f"{names[0]} .. {names[-1]}"
+  return f"{'/'.join(paths[0][:common])} ({len(names)} layers)"
+
+
+def module_runs(names: tuple[str, ...]) -> list[tuple[int, int]]:
+  """``(start, stop)`` of every run of two or more consecutive layers inside one module
+  (names ``Encoder/block_3/...``: a block's pieces, its MLP's), shortest first."""
+  paths = [name.split("/") for name in names]
+  runs = set()
+  for depth in range(1, max(map(len, paths), default=1)):
+    inside = [tuple(p[:depth]) if len(p) > depth else i for i, p in enumerate(paths)]
+    start = 0
+    for _, run in itertools.groupby(inside):
+      length = len(list(run))
+      if length >= 2:
+        runs.add((start, start + length))
+      start += length
+  return sorted(runs, key=lambda run: (run[1] - run[0], run))
 
 
 def shortlist(layers: LayerOptions, layer_plan: Plan | None, layer_bytes: int | None = None
@@ -146,8 +183,12 @@ class GraphDP:
     costs = [[group_cost(layers, Group(i, i + 1, o))
               for o in (Option(KEEP), *layers.options(i)) if o.kind != RECOMPUTE]
              for i in range(n)]
-    self.options = [[UnitOption(c.group.option, c.stored_bytes, c.seconds) for c in unit
-                     if math.isfinite(c.seconds)] for unit in costs]
+    for l, r in module_runs(tuple(layer.name for layer in layers.traced.layers)):
+      if r < n:  # (the last segment keeps its layers) recomputed too: compiled whole
+        costs[l] += [group_cost(layers, Group(l, r, o)) for o in layers.options(l, r)]
+    self.options = [[SegmentOption(c.group.option, c.stored_bytes, c.seconds,
+                                   c.group.stop - c.group.start)
+                     for c in unit if math.isfinite(c.seconds)] for unit in costs]
     self.recompute = [layers.measure(i, Option(RECOMPUTE))[1] for i in range(n)]
 
   def total(self, peak: int) -> int:

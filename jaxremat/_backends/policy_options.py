@@ -24,13 +24,14 @@ from typing import Any
 import jax
 
 from jaxremat._backends.roofline import Roofline, cost
+from jaxremat._errors import InvalidPlanError
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import policy_segment
 from jaxremat._jaxpr.layer_vjp import spec, vjp_of
 from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._jaxpr.signature import layer_signature
-from jaxremat._jaxpr.trace import TracedChain
+from jaxremat._jaxpr.trace import Layer, TracedChain
 from jaxremat._model.chain import Chain
 from jaxremat._model.policy_plan import (
   DOTS,
@@ -91,16 +92,46 @@ class LayerOptions:
                                                self.roofline, self._forward[key])
     return self._measured[(key, option)]
 
-  def offload(self, i: int, option: Option) -> tuple[int, float]:
-    """``(bytes, seconds)`` of what layer ``i`` under ``option`` offloads to host memory
-    and the time moving it there and back adds (``inf`` without a host link)."""
-    host = _offloaded_bytes(self.traced, i, option)
+  def measure_run(self, group: Group) -> tuple[int, float]:
+    """``(bytes, seconds)`` of a graph's layers ``group`` run as one ``jax.checkpoint``
+    under its option (one of ``RUN_OPTIONS``): the residuals the run's VJP saves that are
+    not its inputs nor offloaded, and the roofline time its backward spends recomputing,
+    from XLA's cost analysis of the run compiled whole (its layers fused as in the step,
+    not apart). Runs of equal structure are measured once."""
+    traced, (l, r) = self.traced, (group.start, group.stop)
+    fn, in_vars, out_vars = policy_segment(traced, group)
+    made = {v for layer in traced.layers[:l] for e in layer.eqns for v in e.outvars}
+    inputs = tuple(v for v in in_vars if v in made)
+    eqns = run_eqns(traced, group)
+    run = Layer("", eqns, inputs, tuple(v for v in in_vars if v not in made), tuple(out_vars), ())
+    key = layer_signature(run, inputs, self._grad_invariants, True)
+    key = ("run", l, r, id(traced)) if key is None else ("run", key)
+    if key not in self._forward:
+      whole, _, _ = policy_segment(traced, Group(l, r, Option(RECOMPUTE)))
+      self._forward[key] = cost(whole, *map(spec, in_vars))
+    if (key, group.option) not in self._measured:
+      vjp = vjp_of(fn, in_vars, inputs, self._grad_invariants, True)
+      kept = _saved_bytes(vjp, [spec(v) for v in in_vars]) - _offloaded_bytes(eqns, group.option)
+      self._measured[(key, group.option)] = (max(kept, 0), _seconds(
+          eqns, group.option, self.roofline, self._forward[key]))
+    return self._measured[(key, group.option)]
+
+  def offload(self, group: Group) -> tuple[int, float]:
+    """``(bytes, seconds)`` of what ``group`` offloads to host memory and the time moving
+    it there and back adds (``inf`` without a host link)."""
+    host = _offloaded_bytes(run_eqns(self.traced, group), group.option)
     return host, self.roofline.offload_seconds(host) if host else 0.0
 
-  def options(self, i: int) -> list[Option]:
-    """Layer ``i``'s candidate options beside ``KEEP`` (offload where the roofline has a
-    link to host memory)."""
-    return _candidates(self.traced, i, self.roofline.host_bytes_per_second > 0)
+  def options(self, i: int, stop: int | None = None) -> list[Option]:
+    """The candidate options beside ``KEEP`` of layer ``i``, or of layers ``i..stop-1``
+    run as one (offload where the roofline has a link to host memory)."""
+    group = Group(i, stop or i + 1, Option(RECOMPUTE))
+    return _candidates(run_eqns(self.traced, group), self.roofline.host_bytes_per_second > 0)
+
+
+def run_eqns(traced: TracedChain, group: Group) -> tuple:
+  """The equations of the group's layers, in order (what its ``NAMES`` positions index)."""
+  return tuple(e for layer in traced.layers[group.start:group.stop] for e in layer.eqns)
 
 
 class OptionCosts(LayerOptions):
@@ -133,6 +164,10 @@ class OptionCosts(LayerOptions):
   def of(self, group: Group) -> GroupCost:
     """The group's ``GroupCost`` (seconds ``inf`` where an offload has no host link)."""
     c, (l, r) = self.chain, (group.start, group.stop)
+    if r - l > 1 and group.option.kind != RECOMPUTE:
+      raise InvalidPlanError(f"a chain's group of several layers ({l + 1}..{r}) is recomputed "
+                             f"whole; got option {group.option.kind!r} (a graph's may run "
+                             "under a policy).")
     if r - l > 1:  # recomputed whole: hold the input, rebuild every residual
       held, transient = -c.input_res_bytes[l], 0
       for i in range(l, r):
@@ -148,7 +183,7 @@ class OptionCosts(LayerOptions):
       seconds = self.measure(l, Option(RECOMPUTE))[1] if l in self.segmented else 0.0
       return GroupCost(group, b, self._base(l), seconds)
     kept, seconds = self.measure(l, group.option)
-    host, moved = self.offload(l, group.option)
+    host, moved = self.offload(group)
     seconds += moved
     return GroupCost(group, c.act_bytes[l] + min(kept, max(b - e, 0)),
                      max(b - e - kept, 0) + host + self._base(l), seconds, host)
@@ -177,10 +212,11 @@ def scan_policy(group: Group, segmented: frozenset[int]) -> bool:
           and group.option.kind in (DOTS, DOTS_NO_BATCH))
 
 
-def _products(traced: TracedChain, i: int) -> list[int]:
-  """Positions of layer ``i``'s matrix products, most recompute FLOPs per output byte first."""
+def _products(eqns: tuple) -> list[int]:
+  """Positions of the matrix products among ``eqns``, most recompute FLOPs per output
+  byte first."""
   ranked = []
-  for k, eqn in enumerate(traced.layers[i].eqns):
+  for k, eqn in enumerate(eqns):
     if eqn.primitive.name in _PRODUCTS and _compat.is_float(eqn.outvars[0].aval):
       out = _compat.aval_bytes(eqn.outvars[0].aval)
       if out:
@@ -199,12 +235,12 @@ def _product_flops(eqn: Any) -> float:
   return 2.0 * out_size * math.prod(rhs.shape) / rhs.shape[out_feature]
 
 
-def _candidates(traced: TracedChain, i: int, offload: bool) -> list[Option]:
+def _candidates(eqns: tuple, offload: bool) -> list[Option]:
   options = [Option(RECOMPUTE)]
-  if not _spared(traced.layers[i].eqns, Option(DOTS)):
+  if not _spared(eqns, Option(DOTS)):
     return options
   options += [Option(DOTS), Option(DOTS_NO_BATCH)]
-  products = _products(traced, i)  # those the layer runs itself: named, saved or offloaded
+  products = _products(eqns)  # those the layer runs itself: named, saved or offloaded
   if not products:
     return options
   m = len(products)
@@ -218,36 +254,45 @@ def _candidates(traced: TracedChain, i: int, offload: bool) -> list[Option]:
   return options
 
 
-def _offloaded_bytes(traced: TracedChain, i: int, option: Option) -> int:
-  eqns = traced.layers[i].eqns
+def _offloaded_bytes(eqns: tuple, option: Option) -> int:
   return sum(_compat.aval_bytes(v.aval) for k in option.offloaded for v in eqns[k].outvars)
 
 
 def _measure(traced: TracedChain, i: int, option: Option, grad_invariants: set,
              roofline: Roofline, forward: tuple[float, float]) -> tuple[int, float]:
-  """``(bytes kept on the device, seconds added)`` of layer ``i`` under ``option``.
+  """``(bytes kept on the device, seconds added)`` of layer ``i`` under ``option``: the
+  residuals its VJP saves that are not its arguments (nor offloaded), and ``_seconds``."""
+  kept = _saved_bytes(*_vjp(traced, i, option, grad_invariants))
+  eqns = traced.layers[i].eqns
+  return (max(kept - _offloaded_bytes(eqns, option), 0),
+          _seconds(eqns, option, roofline, forward))
 
-  Bytes: the residuals its VJP saves that are not its arguments (nor offloaded). Seconds:
-  the roofline time of what the backward recomputes (none under ``KEEP``), the layer's
-  ``forward`` (FLOPs, bytes accessed) less the products the option keeps (their FLOPs,
-  and the bytes they
-  read and write).
-  """
-  vjp, args = _vjp(traced, i, option, grad_invariants)
+
+def _seconds(eqns: tuple, option: Option, roofline: Roofline,
+             forward: tuple[float, float]) -> float:
+  """The roofline time of what the backward of ``eqns`` under ``option`` recomputes (none
+  under ``KEEP``): their ``forward`` (FLOPs, bytes accessed) less the products the option
+  keeps (their FLOPs, and the bytes they read and write)."""
+  if option.kind == KEEP:
+    return 0.0
+  spared = _spared(eqns, option)
+  flops = forward[0] - sum(t * _product_flops(e) for e, t in spared)
+  touched = forward[1] - sum(t * _compat.aval_bytes(v.aval) for e, t in spared
+                             for v in (*e.invars, *e.outvars) if hasattr(v, "aval"))
+  return roofline.seconds(max(flops, 0.0), max(touched, 0.0))
+
+
+def _saved_bytes(vjp: Any, args: list) -> int:
+  """Bytes of the residuals ``vjp(*args)`` saves for its backward that are not its
+  arguments (each value once)."""
 
   def residuals(*args: Any) -> list:
     return jax.tree_util.tree_leaves(vjp(*args)[1])
 
   jaxpr = jax.make_jaxpr(residuals)(*args).jaxpr
   arguments = set(jaxpr.invars)
-  kept = sum(_compat.aval_bytes(v.aval) for v in dict.fromkeys(
+  return sum(_compat.aval_bytes(v.aval) for v in dict.fromkeys(
       v for v in jaxpr.outvars if not isinstance(v, _compat.Literal) and v not in arguments))
-  spared = _spared(traced.layers[i].eqns, option)
-  flops = forward[0] - sum(t * _product_flops(e) for e, t in spared)
-  touched = forward[1] - sum(t * _compat.aval_bytes(v.aval) for e, t in spared
-                             for v in (*e.invars, *e.outvars) if hasattr(v, "aval"))
-  seconds = 0.0 if option.kind == KEEP else roofline.seconds(max(flops, 0.0), max(touched, 0.0))
-  return max(kept - _offloaded_bytes(traced, i, option), 0), seconds
 
 
 def _spared(eqns: Any, option: Option) -> list[tuple[Any, int]]:

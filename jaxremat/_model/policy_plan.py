@@ -4,7 +4,9 @@ A ``PolicyPlan`` cuts the chain into groups of consecutive layers. A group of on
 runs under one ``Option``: keep all its residuals (no remat), recompute them all from the
 layer's input, or keep some of its values and recompute the rest (a JAX checkpoint
 policy). A group of several layers is recomputed as a whole from its input (the
-layer-boundary plan of model R). Each group comes with its bytes and seconds
+layer-boundary plan of model R), or on a graph runs as a whole under a policy (a block
+split into pieces, under one policy; ``NAMES`` positions then index the group's
+equations in order). Each group comes with its bytes and seconds
 (``GroupCost``), which is what the solver reads; this module holds no JAX.
 """
 
@@ -21,6 +23,8 @@ DOTS = "dots"  # keep the outputs of matrix products (jax's ``dots_saveable``)
 DOTS_NO_BATCH = "dots-no-batch"  # ``dots_with_no_batch_dims_saveable``
 NAMES = "names"  # keep (or offload) the outputs of the listed equations of the layer
 OPTIONS = (KEEP, RECOMPUTE, DOTS, DOTS_NO_BATCH, NAMES)
+#: The options a group of several layers may run under.
+RUN_OPTIONS = (RECOMPUTE, DOTS, DOTS_NO_BATCH, NAMES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +60,7 @@ class Option:
 @dataclasses.dataclass(frozen=True)
 class Group:
   """Layers ``start+1..stop`` (a slice ``[start, stop)`` of the chain) under ``option``;
-  a group of several layers is always ``RECOMPUTE``."""
+  a group of several layers runs under one of ``RUN_OPTIONS``."""
 
   start: int
   stop: int
@@ -65,10 +69,10 @@ class Group:
   def __post_init__(self):
     if not 0 <= self.start < self.stop:
       raise InvalidPlanError(f"a group needs 0 <= start < stop, got {self.start}, {self.stop}.")
-    if self.stop - self.start > 1 and self.option.kind != RECOMPUTE:
+    if self.stop - self.start > 1 and self.option.kind not in RUN_OPTIONS:
       raise InvalidPlanError(
           f"a group of several layers ({self.start + 1}..{self.stop}) is recomputed as a "
-          f"whole; got option {self.option.kind!r}.")
+          f"whole, or runs under one of {RUN_OPTIONS[1:]}; got option {self.option.kind!r}.")
 
 
 @dataclasses.dataclass(frozen=True)

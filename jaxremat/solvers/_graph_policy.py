@@ -1,16 +1,16 @@
-"""The fastest plan of a graph of layers within a byte budget, with options per unit.
+"""The fastest plan of a graph of layers within a byte budget, with options per segment.
 
 Model G (``_model.graph``) cuts a graph at kept cuts; every segment but the last is
-recomputed from the values crossing its first cut. Here a segment of one unit may instead
-run under an option (a JAX checkpoint policy, or no remat): it holds ``kept_bytes`` more
-from its forward until its backward and adds ``seconds`` (not its recompute's) to the
-step. Its backward's peak is the segment's ``L`` either way: every residual exists then,
-kept or recomputed. So, left to right over kept cuts, a plan's state at cut ``r`` is what
-it holds (the crossing values kept so far, each once, and the options' bytes) and its
-seconds; a segment ``(l, r]`` may follow when ``held + L(l, r)`` is within the budget.
-What may follow a state depends on its held bytes alone, so keeping each cut's Pareto set
-of held bytes and seconds makes the DP exact in seconds. The last segment keeps its
-residuals.
+recomputed from the values crossing its first cut. Here a segment may instead run under
+an option (a JAX checkpoint policy; for a segment of one unit, also no remat): it holds
+``kept_bytes`` more from its forward until its backward and adds ``seconds`` (not its
+recompute's) to the step. Its backward's peak is the segment's ``L`` either way: every
+residual exists then, kept or recomputed. So, left to right over kept cuts, a plan's
+state at cut ``r`` is what it holds (the crossing values kept so far, each once, and the
+options' bytes) and its seconds; a segment ``(l, r]`` may follow when ``held + L(l, r)``
+is within the budget. What may follow a state depends on its held bytes alone, so
+keeping each cut's Pareto set of held bytes and seconds makes the DP exact in seconds.
+The last segment keeps its residuals.
 """
 
 from __future__ import annotations
@@ -28,19 +28,24 @@ from jaxremat.solvers._graph import _least_peak, _segment_terms
 
 
 @dataclasses.dataclass(frozen=True)
-class UnitOption:
-  """One unit's option as a segment of its own.
+class SegmentOption:
+  """An option for the segment of ``length`` units from where it is given.
 
   Attributes:
-    option: what it keeps (``KEEP``: every residual).
+    option: what it keeps (``KEEP``: every residual; a segment of one unit only).
     kept_bytes: bytes it holds from its forward until its backward beyond the values
       crossing its cuts (bytes).
     seconds: the time its recompute adds to the step (seconds).
+    length: how many units the segment runs.
   """
 
   option: Option
   kept_bytes: int
   seconds: float
+  length: int = 1
+
+  def __post_init__(self):
+    Group(0, self.length, self.option)  # checks the option may run so many units
 
 
 _DTYPES = (np.int64, np.float64, np.int64, np.int64, np.int64, np.int64, np.bool_)
@@ -69,7 +74,7 @@ class _States:
     return _States(*(getattr(self, f.name)[index] for f in dataclasses.fields(self)))
 
 
-def solve_graph_policy(graph: GraphChain, options: Sequence[Sequence[UnitOption]],
+def solve_graph_policy(graph: GraphChain, options: Sequence[Sequence[SegmentOption]],
                        recompute_seconds: Sequence[float], budget_bytes: int
                        ) -> tuple[PolicyPlan, int, float]:
   """The plan of least seconds whose model-G peak is within ``budget_bytes`` (among states
@@ -78,14 +83,15 @@ def solve_graph_policy(graph: GraphChain, options: Sequence[Sequence[UnitOption]
 
   Args:
     graph: the units and their values.
-    options: per unit ``1..n``, its options as a segment of its own other than
-      ``RECOMPUTE`` (recomputed whole is always one, at ``recompute_seconds``).
+    options: per unit ``1..n``, the options of the segments it starts (recomputed
+      whole is always one, at the sum of ``recompute_seconds``; an option may recompute
+      a segment for less).
     recompute_seconds: per unit, the time recomputing it adds (seconds).
     budget_bytes: the peak allowed (model G's bytes: the batch ``C_0`` included).
 
   Returns:
-    ``(plan, peak bytes, seconds)``: the groups (segments recomputed whole, units under
-    an option, the last segment's units kept).
+    ``(plan, peak bytes, seconds)``: the groups (segments recomputed whole or under an
+    option, the last segment's units kept).
 
   Raises:
     InfeasibleBudgetError: the least model-G peak of any plan exceeds the budget; it is
@@ -98,7 +104,10 @@ def solve_graph_policy(graph: GraphChain, options: Sequence[Sequence[UnitOption]
   big_l, big_d = _segment_terms(graph)
   before = [0.0, *itertools.accumulate(recompute_seconds)]
   start = graph.crossing_bytes(0)
-  keeps = [np.array([o.option.kind == KEEP for o in unit], dtype=bool) for unit in options]
+  by_stop: list[dict[int, list[int]]] = [{} for _ in range(n)]  # unit, stop: option indices
+  for l, unit in enumerate(options):
+    for j, o in enumerate(unit):
+      by_stop[l].setdefault(l + o.length, []).append(j)
   incoming: list[list[_States]] = [[] for _ in range(n)]
   incoming[0].append(_States(*(np.array([v], dtype=t) for v, t in zip(
       (start, 0.0, start, -1, -1, -1, False), _DTYPES))))
@@ -122,10 +131,11 @@ def solve_graph_policy(graph: GraphChain, options: Sequence[Sequence[UnitOption]
       cut, none = np.full(count, l), np.full(count, -1)
       incoming[r].append(_States(added, seconds + before[r] - before[l], peak, cut, index,
                                  none, np.zeros(count, dtype=bool)))
-      if r == l + 1:
-        for j, o in enumerate(options[l]):
-          incoming[r].append(_States(added + o.kept_bytes, seconds + o.seconds, peak, cut,
-                                     index, np.full(count, j), np.full(count, keeps[l][j])))
+      for j in by_stop[l].get(r, ()):
+        o = options[l][j]
+        incoming[r].append(_States(added + o.kept_bytes, seconds + o.seconds, peak, cut,
+                                   index, np.full(count, j),
+                                   np.full(count, o.option.kind == KEEP)))
   best = None  # (seconds, peak, last cut, state)
   for c in range(n):
     s = states[c]
@@ -158,12 +168,10 @@ def _pareto(states: _States, among: np.ndarray) -> np.ndarray:
   return order[keep]
 
 
-def policy_peak_bytes(graph: GraphChain, plan: PolicyPlan,
-                      kept_bytes: dict[tuple[int, Option], int]) -> int:
+def policy_peak_bytes(graph: GraphChain, plan: PolicyPlan, kept_bytes: dict[Group, int]) -> int:
   """Model G's peak of ``plan`` (bytes), the literal walk the DP solves: its longest run
   of kept single units at the end is the last segment; before it, each group is a
-  segment, and a unit under an option holds ``kept_bytes[(unit index, option)]`` more
-  until its backward."""
+  segment, and one under an option holds ``kept_bytes[group]`` more until its backward."""
   n = graph.n
   plan.validate(n)
   big_l, big_d = _segment_terms(graph)
@@ -177,6 +185,6 @@ def policy_peak_bytes(graph: GraphChain, plan: PolicyPlan,
     l, r = g.start, g.stop
     peak = max(peak, held + big_l[l][r - l - 1])
     held += big_d[l][r - l - 1]
-    held += 0 if g.option.kind == RECOMPUTE else kept_bytes.get((l, g.option), 0)
+    held += 0 if g.option.kind == RECOMPUTE else kept_bytes.get(g, 0)
   last = groups[tail].start
   return max(peak, held + big_l[last][n - last - 1])
