@@ -170,7 +170,8 @@ def fit(
 
   A graph of layers (a U-Net's skips; blocks split below their residual adds by
   ``layer_depth``) is solved by model G's DP over kept cuts, a single layer's segment
-  allowed any of its options; where its plans miss, or to time them, also the
+  allowed any of its options and the layers of one module (a block's pieces) a policy
+  as one ``jax.checkpoint``; where its plans miss, or to time them, also the
   layer-boundary budget plan XLA fits (as ``apply(budget_bytes=)``) and the plans of a
   shortlist predicted faster (docs/policies.md, "Graphs").
 
