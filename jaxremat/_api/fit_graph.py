@@ -3,11 +3,11 @@ blocks split below their residual adds).
 
 The chain's DP over groups does not hold where values skip layers; model G does. Its DP
 over kept cuts, with a segment of one layer allowed to run under an option (keep its
-matrix products, its costliest ones, offload them, no remat) and a run of the layers of
-one module under a policy that keeps its products (a block split into pieces, as
-``nn.remat`` with ``dots_saveable`` runs it), gives the plan of least predicted
-recompute within the budget (``solvers._graph_policy``), its bytes calibrated as a
-chain's are. XLA judges it; after a miss it is solved again for less. Where none of
+matrix products, its costliest ones, offload them, no remat) and the layers of one
+module allowed to run as one ``jax.checkpoint`` under such a policy (a block split into
+pieces, as ``nn.remat(Block, policy=...)`` runs it; costed compiled whole, also when
+recomputed), gives the plan of least predicted recompute within the budget
+(``solvers._graph_policy``), its bytes calibrated as a chain's are. XLA judges it; after a miss it is solved again for less. Where none of
 those fits, or to time the candidates, ``fit`` also compiles a shortlist: the
 layer-boundary budget plan XLA fits (as ``apply(budget_bytes=)`` finds it:
 ``fit_budget``) and the plans a user would write by hand that the roofline puts faster
