@@ -56,7 +56,7 @@ def test_bench_quick_json_matches_measure(capsys, tmp_path):
   params = model.init(jax.random.key(0), x)
   for strategy in ("none", "optimal"):
     plan = jaxremat.Plan(tuple(rows[strategy]["checkpoints"]))
-    r = jaxremat.apply(model.apply, params, x, plan=plan)
+    r = jaxremat.apply(model.apply, params, x, plan=plan, verify=False)
     footprint = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b))), params, x)
     assert rows[strategy]["measured_bytes"] == footprint.total_bytes
     assert rows[strategy]["recompute_flops"] == jaxremat.recompute_flops(r.chain, plan)

@@ -86,12 +86,13 @@ def test_lm1b_forward_at_another_batch_size_reuses_the_plan():
 
 def test_layer_depth_stays_an_exact_override():
   case, model, variables, _ = _setup("vit")
-  r = rm.apply(case, model, variables, layer_depth=1, method="none")
+  r = rm.apply(case, model, variables, layer_depth=1, method="none", verify=False)
   assert r.chain.names == ("embedding", "(reshape,tile,concatenate)", "Transformer",
                            "(slice,squeeze)", "head")
   assert r.decomposition == "layer_depth=1 (5 layers)"
   case, model, variables, _ = _setup("lm1b")  # the mask layer is read by every block
-  graph = rm.apply(case, model, variables, layer_depth=2, method="none")
+  graph = rm.apply(case, model, variables, layer_depth=2, method="none", verify=False,
+                   profile="jaxpr")
   assert graph.is_graph
 
 
@@ -99,9 +100,9 @@ def test_layer_depth_names_a_module_without_children_and_whose_own_work_a_layer_
   # At layer_depth=2 the U-Net's stem and head are convolutions with no children: they
   # keep their names, not their primitives'; the middle block's own work between its
   # children says it is the middle block's, as the automatic decomposition's layers do.
-  case = rm.build("unet")
-  model, variables = rm.init(case)
-  names = rm.apply(case, model, variables, layer_depth=2, method="none").chain.names
+  case, model, variables, _ = _setup("unet")
+  names = rm.apply(case, model, variables, layer_depth=2, method="none",
+                   verify=False, profile="jaxpr").chain.names
   assert names[0] == "stem" and names[-1] == "head"
   assert names[6:13] == ("middle/GroupNorm_0", "middle/(silu)", "middle/Conv_0",
                          "middle/GroupNorm_1", "middle/(silu)#2", "middle/Conv_1",
@@ -245,8 +246,9 @@ def test_footprint_matches_per_block_remat_and_best_uniform(name):
   per_block = rm.footprint(case, rm.plain_call(case, remat_model), remat_model, remat_variables)
   assert default <= (1 + PER_BLOCK_SLACK) * per_block, (default, per_block)
   n = r.chain.n
-  uniform = {k: rm.footprint(case, rm.apply(case, model, variables, plan=uniform_plan(n, k)).fn,
-                           model, variables) for k in range(1, n)}
+  uniform = {k: rm.footprint(case, rm.apply(case, model, variables, plan=uniform_plan(n, k),
+                                             verify=False).fn, model, variables)
+             for k in range(1, n)}
   assert default <= min(uniform.values()), (default, uniform)
 
 

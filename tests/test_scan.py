@@ -169,7 +169,8 @@ def test_footprint_below_plain_and_near_best_uniform(name):
   assert "every strategy runs the scanned stacks segmented" in r.report()
   n = chosen.length
   plain = _measured(fn, params, x)
-  uniform = {k: _measured(jaxremat.apply(fn, params, x, scan_segment=k, plan=plan).fn, params, x)
+  uniform = {k: _measured(jaxremat.apply(fn, params, x, scan_segment=k, plan=plan,
+                                          verify=False).fn, params, x)
              for k in range(1, n) if n % k == 0}
   best = min(uniform.values())
   assert uniform[chosen.segment] < plain, (chosen.segment, uniform, plain)

@@ -130,7 +130,7 @@ def test_prediction_on_a_pooled_cnn_is_near_xla(plan):
   n = base.chain.n
   chosen = {"none": Plan(()), "every-layer": uniform_plan(n, 1), "uniform-2": uniform_plan(n, 2),
             "optimal": base.plan}[plan]
-  r = jaxremat.apply(model.apply, params, x, plan=chosen)
+  r = jaxremat.apply(model.apply, params, x, plan=chosen, verify=False)
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b))), params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.15, (r.predicted_total_bytes, measured)
 
@@ -289,7 +289,8 @@ def test_prediction_on_a_conv_stack_with_an_average_pool_is_near_xla(plan):
   x = jax.random.normal(jax.random.key(1), (8, 24, 24, 3))
   params = model.init(jax.random.key(0), x)
   base = jaxremat.apply(model.apply, params, x)
-  r = jaxremat.apply(model.apply, params, x, plan=Plan(()) if plan == "none" else base.plan)
+  r = jaxremat.apply(model.apply, params, x, plan=Plan(()) if plan == "none" else base.plan,
+                     verify=False)
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b))), params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.05, (r.predicted_total_bytes, measured)
 
@@ -333,7 +334,7 @@ def test_prediction_of_a_wide_output_layer_is_near_xla(checkpoints):
   """XLA writes the loss's gradient from the output once per form its readers take;
   without that rule these predictions were 38-43% below XLA's footprint."""
   model, x, params = _lm_head()
-  r = jaxremat.apply(model.apply, params, x, plan=Plan(checkpoints))
+  r = jaxremat.apply(model.apply, params, x, plan=Plan(checkpoints), verify=False)
   measured = jaxremat.measure(lambda p, b: jnp.mean(jnp.square(r.fn(p, b))), params, x).total_bytes
   assert abs(r.predicted_total_bytes / measured - 1) < 0.05, (r.predicted_total_bytes, measured)
 

@@ -17,6 +17,7 @@ layer-boundary budget plan XLA fits (as ``apply(budget_bytes=)`` finds it:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -130,7 +131,8 @@ def run_label(names: tuple[str, ...]) -> str:
   return f"{'/'.join(paths[0][:common])} ({len(names)} layers)"
 
 
-def module_runs(names: tuple[str, ...]) -> list[tuple[int, int]]:
+@functools.cache
+def module_runs(names: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
   """``(start, stop)`` of every run of two or more consecutive layers inside one module
   (names ``Encoder/block_3/...``: a block's pieces, its MLP's), shortest first."""
   paths = [name.split("/") for name in names]
@@ -143,7 +145,7 @@ def module_runs(names: tuple[str, ...]) -> list[tuple[int, int]]:
       if length >= 2:
         runs.add((start, start + length))
       start += length
-  return sorted(runs, key=lambda run: (run[1] - run[0], run))
+  return tuple(sorted(runs, key=lambda run: (run[1] - run[0], run)))
 
 
 def shortlist(layers: LayerOptions, layer_plan: Plan | None, layer_bytes: int | None = None
