@@ -124,7 +124,8 @@ def test_a_graph_of_layers_is_replayed_closer_to_xla_than_model_g() -> None:
   replay_errors, model_g_errors = [], []
   for k in range(1, r.chain.n, 3):
     plan = uniform_plan(r.chain.n, k)
-    fixed = jaxremat.apply(model.apply, params, x, layer_depth=2, plan=plan, verify=False)
+    fixed = jaxremat.apply(model.apply, params, x, layer_depth=2, plan=plan, verify=False,
+                           profile="jaxpr")  # the drop-in alone
     measured = _footprint(fixed, params, x)
     replay_errors.append(abs(r.predict_total_bytes(plan) / measured - 1))
     model_g_errors.append(abs(model_g.predict_total_bytes(plan) / measured - 1))
@@ -151,8 +152,8 @@ def test_a_concatenations_cotangent_ends_where_the_recompute_starts(monkeypatch)
   errors = []
   for k in range(1, r.chain.n):
     plan = uniform_plan(r.chain.n, k)
-    measured = _footprint(jaxremat.apply(model.apply, params, x, plan=plan, verify=False),
-                          params, x)
+    measured = _footprint(jaxremat.apply(model.apply, params, x, plan=plan, verify=False,
+                                         profile="jaxpr"), params, x)
     replay._placed.clear()
     summed = replay.total_bytes(plan.checkpoints)
     with monkeypatch.context() as patch:
