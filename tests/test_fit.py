@@ -11,7 +11,7 @@ from jaxremat import zoo
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.loss import training_loss
 from jaxremat._api.planner import make_planner
-from jaxremat._backends.policy_options import OptionCosts
+from jaxremat._backends.policy_options import LayerOptions, OptionCosts
 from jaxremat._backends.roofline import Roofline, cost, local_roofline
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.trace import trace
@@ -206,6 +206,32 @@ def test_option_bytes_and_seconds():
     out = sum(v.aval.size * v.aval.dtype.itemsize for v in layer.eqns[k].outvars)
     assert 0 <= saved.stored_bytes - chain.act_bytes[block] <= out
     assert saved.seconds <= recompute.seconds
+
+
+class _ExpStack(nn.Module):
+  """Bias-free dense layers each followed by ``exp``: the products' outputs are the
+  dense layers' outputs, and ``exp``'s backward needs its output alone."""
+
+  @nn.compact
+  def __call__(self, x):
+    for width in (32, 48, 16):
+      x = jnp.exp(nn.Dense(width, use_bias=False)(x))
+    return x
+
+
+def test_an_output_the_backward_reads_is_not_counted_as_kept_again():
+  """A layer's output saved for its backward is held already as the value crossing the
+  cut after it; an option's kept bytes are what it holds beyond its outputs and inputs.
+  Here every layer's residuals are its inputs, weights and outputs (literal count: 0)."""
+  model, x = _ExpStack(), jnp.ones((8, 20))
+  params = model.init(KEY, x)
+  traced = trace(model.apply, params, x, {}, None)
+  assert [e.primitive.name for layer in traced.layers for e in layer.eqns] == [
+      "dot_general", "exp"] * 3
+  layers = LayerOptions(traced, Roofline("test", 1e12, 1e11))
+  for i in range(len(traced.layers)):
+    assert layers.measure(i, Option(KEEP))[0] == 0
+    assert layers.measure(i, Option(DOTS))[0] == 0
 
 
 def test_fit_segments_a_scanned_stack():

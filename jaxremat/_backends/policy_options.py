@@ -283,16 +283,20 @@ def _seconds(eqns: tuple, option: Option, roofline: Roofline,
 
 
 def _saved_bytes(vjp: Any, args: list) -> int:
-  """Bytes of the residuals ``vjp(*args)`` saves for its backward that are not its
-  arguments (each value once)."""
+  """Bytes of the residuals ``vjp(*args)`` saves for its backward that are neither its
+  arguments nor its outputs (each value once): an output saved for the backward (a
+  ``tanh``'s) is held as an output already, where the values crossing a cut are counted."""
 
-  def residuals(*args: Any) -> list:
-    return jax.tree_util.tree_leaves(vjp(*args)[1])
+  def residuals(*args: Any) -> tuple:
+    outputs, vjp_fn = vjp(*args)
+    return jax.tree_util.tree_leaves(outputs), jax.tree_util.tree_leaves(vjp_fn)
 
-  jaxpr = jax.make_jaxpr(residuals)(*args).jaxpr
-  arguments = set(jaxpr.invars)
+  closed, (outputs, _) = jax.make_jaxpr(residuals, return_shape=True)(*args)
+  jaxpr = closed.jaxpr
+  outputs, saved = jaxpr.outvars[:len(outputs)], jaxpr.outvars[len(outputs):]
+  held = set(jaxpr.invars) | {v for v in outputs if not isinstance(v, _compat.Literal)}
   return sum(_compat.aval_bytes(v.aval) for v in dict.fromkeys(
-      v for v in jaxpr.outvars if not isinstance(v, _compat.Literal) and v not in arguments))
+      v for v in saved if not isinstance(v, _compat.Literal) and v not in held))
 
 
 def _spared(eqns: Any, option: Option) -> list[tuple[Any, int]]:
