@@ -323,13 +323,19 @@ def time_model_error(rows: list[dict]) -> str:
 
 
 def merge(paths: list[str], out: str) -> None:
-  """One table from per-model runs (a GPU session runs each model in its own process)."""
-  rows, metas = [], []
+  """One table from per-model runs (a GPU session runs each model in its own process); a
+  model's rows in a later run replace its rows in earlier ones."""
+  by_model: dict[str, list[dict]] = {}
+  metas = []
   for path in paths:
     with open(path) as f:
       found = json.load(f)
-    rows += found["rows"]
+    for name in {row["model"] for row in found["rows"]}:
+      by_model.pop(name, None)
+    for row in found["rows"]:
+      by_model.setdefault(row["model"], []).append(row)
     metas.append(found["meta"])
+  rows = [row for model_rows in by_model.values() for row in model_rows]
   table = markdown(rows) + "\n\n" + summary(rows)
   meta = {**metas[0], "command": "; ".join(m["command"] for m in metas),
           "date": ", ".join(dict.fromkeys(m.get("date", "?") for m in metas)),
