@@ -337,7 +337,8 @@ def merge(paths: list[str], out: str) -> None:
     metas.append(found["meta"])
   rows = [row for model_rows in by_model.values() for row in model_rows]
   table = markdown(rows) + "\n\n" + summary(rows)
-  meta = {**metas[0], "command": "; ".join(m["command"] for m in metas),
+  meta = {**metas[0], "command": "; ".join(dict.fromkeys(c for m in metas
+                                                        for c in m["command"].split("; "))),
           "date": ", ".join(dict.fromkeys(m.get("date", "?") for m in metas)),
           "seconds": round(sum(m["seconds"] for m in metas), 1)}
   print(table)
