@@ -91,8 +91,8 @@ def test_a_rematerialised_scan_is_never_made_larger():
   assert got == r.measured_total_bytes <= plain
   warned = any(issubclass(w.category, jaxremat.NoSavingWarning) for w in caught)
   assert warned == (r.plan.method == "as written")
-  if r.plan.checkpoints or r.scans:  # a plan that recomputes must save bytes
-    assert got < plain
+  if r.plan.checkpoints or r.scans:  # a plan that recomputes must save 1% at least
+    assert got <= 0.99 * plain
   assert_same_gradients(model.apply, r.fn, params, x)
 
 
@@ -106,3 +106,33 @@ def test_the_model_as_written_is_measured_beside_the_plan():
   assert r.measured_total_bytes <= plain
   assert "the model as written (no plan), XLA-measured" in r.report()
   assert jaxremat.apply(model.apply, params, x, verify=False).as_written_bytes is None
+
+
+class SharedLoop(nn.Module):
+  """One weight-shared block applied in a ``fori_loop`` (its weights closed over, not
+  scanned): the loop holds nearly every residual, and no checkpoint between layers
+  reaches inside it (a user's trial)."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(64)(x)
+    w = self.param("w", nn.initializers.lecun_normal(), (64, 256))
+    w2 = self.param("w2", nn.initializers.lecun_normal(), (256, 64))
+    x = jax.lax.fori_loop(0, 8, lambda i, h: h + jnp.tanh(h @ w) @ w2, x)
+    return nn.Dense(10)(x)
+
+
+def test_a_loop_holding_the_residuals_says_how_to_reach_inside_it():
+  model, x = SharedLoop(), jnp.ones((64, 32))
+  params = model.init(jax.random.key(0), x)
+  with pytest.warns(jaxremat.CoarseLayersWarning, match="body in jax.checkpoint") as caught:
+    r = jaxremat.apply(model.apply, params, x, verify=False)
+  assert len(caught) == 1 and r.plan.checkpoints == () and r.scans == ()
+
+
+def test_a_plan_without_checkpoints_says_the_model_runs_as_written():
+  model, x = nn.Sequential([nn.Dense(64), nn.Dense(64), nn.Dense(8)]), jnp.ones((32, 16))
+  params = model.init(jax.random.key(0), x)
+  with pytest.warns(jaxremat.NoSavingWarning, match="no checkpoint between its 3 layers"):
+    r = jaxremat.apply(model.apply, params, x, verify=False)
+  assert r.plan.checkpoints == ()

@@ -13,19 +13,26 @@ from jaxremat._model.chain import Plan
 LITTLE = 0.10
 #: A layer holding more than this fraction of the residual bytes hides the others.
 DOMINANT = 0.5
+#: A plan that recomputes must save at least this fraction of the model as written's
+#: footprint (XLA's) to be returned; else ``fn`` runs the model as written.
+MIN_SAVING = 0.01
+#: Loops whose iterations a checkpoint between layers cannot reach.
+_LOOPS = frozenset({"scan", "while"})
 
 
 class NoSavingWarning(UserWarning):
-  """The chosen plan compiled no smaller than the model as written (and would recompute for
-  nothing), so ``fn`` runs the model unchanged."""
+  """The chosen plan compiled less than ``MIN_SAVING`` below the model as written (and
+  would recompute for next to nothing), or keeps every layer boundary, so ``fn`` runs the
+  model unchanged."""
 
 
 def warn_as_written(as_written_bytes: int, least_bytes: int) -> None:
   """Warns (``NoSavingWarning``) that ``apply`` returns the model as written: XLA measured
   its step at ``as_written_bytes``, the chosen plan's at ``least_bytes``."""
   warnings.warn(NoSavingWarning(
-      f"jaxremat: the plan did not compile below the model as written ({as_written_bytes} "
-      f"bytes by XLA; the plan {least_bytes}), so r.fn runs the model unchanged. It may "
+      f"jaxremat: the plan did not compile {MIN_SAVING:.0%} or more below the model as "
+      f"written ({as_written_bytes} bytes by XLA; the plan {least_bytes}), so r.fn runs "
+      "the model unchanged rather than recompute for little. It may "
       "already be rematerialised (jax.checkpoint or nn.remat inside it), or its layers too "
       "coarse: see r.report() and layer_depth."), stacklevel=3)
 
@@ -61,10 +68,11 @@ def warn_one_layer(traced: TracedChain) -> None:
 _REMAT_PRIMITIVES = frozenset({"checkpoint", "remat2"})
 
 
-def warn_if_rematerialised(traced: TracedChain) -> None:
-  """Warns (``NoSavingWarning``) that the plan keeps every layer boundary because the
-  model rematerialises already: a layer runs ``jax.checkpoint`` (``nn.remat``,
-  ``nnx.remat``) inside it."""
+def warn_if_rematerialised(traced: TracedChain, explained: bool = False) -> None:
+  """Warns (``NoSavingWarning``) that the plan keeps every layer boundary: because the
+  model rematerialises already (a layer runs ``jax.checkpoint``, ``nn.remat`` or
+  ``nnx.remat`` inside it), or, unless another warning ``explained`` why, because no
+  checkpoint is predicted to save memory."""
   inside = [layer.name for layer in traced.layers
             if any(e.primitive.name in _REMAT_PRIMITIVES for e in layer.eqns)]
   if inside:
@@ -74,33 +82,51 @@ def warn_if_rematerialised(traced: TracedChain) -> None:
         f"{', ...' if len(inside) > 3 else ''}), and no checkpoint between layers is "
         "predicted to save more. Take the remat out of the model to let jaxremat place it."),
         stacklevel=3)
+  elif not explained:
+    warnings.warn(NoSavingWarning(
+        f"jaxremat: r.fn runs the model as written: no checkpoint between its "
+        f"{len(traced.layers)} layers is predicted to save memory (see r.report())."),
+        stacklevel=3)
 
 
 class CoarseLayersWarning(UserWarning):
   """One layer holds most of what the backward pass keeps, so the plan saves little."""
 
 
-def warn_if_coarse(planner: Planner, plan: Plan, traced: TracedChain) -> None:
+def warn_if_coarse(planner: Planner, plan: Plan, traced: TracedChain,
+                   segmented: frozenset[int] | None = frozenset()) -> bool:
   """Warns (``CoarseLayersWarning``) when ``plan`` saves under ``LITTLE`` of the predicted
   footprint without remat while one layer holds over ``DOMINANT`` of the residual bytes
-  and has submodules of its own: checkpoints at layer boundaries cannot reach inside it,
-  a finer granularity can."""
+  and has submodules of its own, or runs a loop that is not a scanned stack jaxremat
+  plans (not in ``segmented``; None: the user left scans as they are, say nothing of
+  loops): checkpoints at layer boundaries cannot reach inside it. Returns whether it
+  warned."""
   res = planner.chain.res_bytes
   held = planner.fixed_bytes - planner.input_bytes  # a cheap model: fixed bytes + peak
   none = held + planner.peak_bytes(Plan(()))
   if not res or sum(res) <= 0 or none <= 0:
-    return
+    return False
   saving = 1 - (held + planner.peak_bytes(plan)) / none
   k = max(range(len(res)), key=res.__getitem__)
   share = res[k] / sum(res)
-  if saving < LITTLE and share > DOMINANT and _has_submodules(traced.layers[k]):
-    name = planner.chain.names[k]
-    warnings.warn(CoarseLayersWarning(
-        f"jaxremat: the plan saves {saving:.0%} of the step's footprint (by the memory model) because "
-        f"layer {name!r} holds {share:.0%} of the residual bytes and checkpoints fall "
-        f"between layers only. Pass layer_depth={name.count('/') + 2} to plan its "
-        "submodules as layers, or group its inner blocks into modules called one after "
-        "the other."), stacklevel=3)
+  if saving >= LITTLE or share <= DOMINANT:
+    return False
+  name = planner.chain.names[k]
+  if _has_submodules(traced.layers[k]):
+    advice = (f"Pass layer_depth={name.count('/') + 2} to plan its submodules as layers, or "
+              "group its inner blocks into modules called one after the other.")
+  elif segmented is not None and k not in segmented and any(e.primitive.name in _LOOPS for e in traced.layers[k].eqns):
+    advice = ("It runs a loop (jax.lax.scan, fori_loop or while_loop) that jaxremat does not "
+              "split: it segments a scan whose carry is the activation and whose xs are "
+              "stacked parameters (nn.scan's form). Wrap the loop's body in jax.checkpoint "
+              "to keep only its carry per iteration, or scan over stacked parameters.")
+  else:
+    return False
+  warnings.warn(CoarseLayersWarning(
+      f"jaxremat: the plan saves {saving:.0%} of the step's footprint (by the memory model) "
+      f"because layer {name!r} holds {share:.0%} of the residual bytes and checkpoints fall "
+      f"between layers only. {advice}"), stacklevel=3)
+  return True
 
 
 def _has_submodules(layer: Layer) -> bool:

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 
 from jaxremat._api import checks
-from jaxremat._api.advice import (warn_as_written, warn_if_coarse, warn_if_rematerialised,
-                                  warn_one_layer)
+from jaxremat._api.advice import (MIN_SAVING, warn_as_written, warn_if_coarse,
+                                  warn_if_rematerialised, warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_finer,
                                  searched_note)
@@ -239,16 +239,18 @@ def apply(
     else:
       as_written = measured(Plan(), written)
     least = verified.get(plan.checkpoints, min(verified.values()))
-    if as_written < least or (as_written == least and (plan.checkpoints or scans)):
-      warn_as_written(as_written, least)  # a plan no smaller than no plan only recomputes
+    saved = as_written - least  # a plan saving (next to) nothing only recomputes
+    if saved < 0 or (saved < MIN_SAVING * as_written and (plan.checkpoints or scans)):
+      warn_as_written(as_written, least)
       plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
       planner, planned_depth, decomposition = first, layer_depth, written.decomposition
+  coarse = (chosen and method == "optimal" and plan.method != AS_WRITTEN
+            and warn_if_coarse(planner, plan, traced, None if scan_segment is None else
+                               frozenset(s.layer for s in scans)))
   if chosen and method != "none" and not scans and plan.method != AS_WRITTEN:
     warn_one_layer(traced)
     if not plan.checkpoints and len(traced.layers) > 1:
-      warn_if_rematerialised(traced)
-  if chosen and method == "optimal" and plan.method != AS_WRITTEN:
-    warn_if_coarse(planner, plan, traced)
+      warn_if_rematerialised(traced, explained=coarse)
   with clock("emit"):
     fn = DropIn(model_fn, plan, planned_depth, traced, key, _segments(scans))
   return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],
