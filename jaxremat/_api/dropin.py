@@ -117,8 +117,13 @@ class DropIn:
           raise InputMismatchError(
               f"the model fails on a batch of shapes and dtypes {_avals(key[1])} (the plan "
               f"was made for {_avals(self._batch_key)}): {type(err).__name__}: {err}") from err
-        err.add_note("jaxremat: the model raised this when the drop-in traced it for other "
-                     "keyword arguments than the plan was made for (same params and batch).")
+        # in place of the trace's note (how apply calls the model), which the same params
+        # and batch passed already: the keyword arguments are what changed
+        err.__notes__ = [
+            "jaxremat: the model raised this when the drop-in traced it for other keyword "
+            f"arguments than the plan was made for (same params and batch): the plan was "
+            f"made with {_kwargs_text(self._kwargs_key)}, this call has "
+            f"{_kwargs_text(key[2:])}."]
         raise
       names = tuple(layer.name for layer in traced.layers)
       if not _same_layers(names, self._names):
