@@ -123,13 +123,14 @@ class _InputSkip(nn.Module):
 class _Wrapper(nn.Module):
   @nn.compact
   def __call__(self, x):
-    return _InputSkip(name="inner")(x)
+    return nn.Dense(x.shape[-1], name="head")(_InputSkip(name="inner")(x))
 
 
 def test_a_large_batch_value_read_across_layers_keeps_its_module_whole():
+  # (the root's only module is split whatever its layers: see the test of one module)
   model, x = _Wrapper(), jnp.ones((8, 64))
   r = jaxremat.apply(model.apply, model.init(jax.random.key(0), x), x, method="none")
-  assert r.chain.names == ("inner",)
+  assert r.chain.names == ("inner", "head")
   assert "kept whole: 'inner' (" in r.decomposition
 
 
@@ -185,6 +186,42 @@ def test_a_graph_at_the_root_is_split_into_its_blocks_which_stay_whole():
   assert r.measured_total_bytes <= coarse.measured_total_bytes
   _assert_close(jax.grad(lambda p: model.apply(p, x).sum())(params),
                 jax.grad(lambda p: r.fn(p, x).sum())(params))
+
+
+class _ActivationPenalty(nn.Module):
+  """An MLP returning its logits and a penalty on every hidden activation (a graph: the
+  penalty reads each layer's output)."""
+
+  @nn.compact
+  def __call__(self, x):
+    hidden = []
+    for i in range(4):
+      x = nn.relu(nn.Dense(64, name=f"fc{i}")(x))
+      hidden.append(x)
+    return nn.Dense(10, name="head")(x), sum(jnp.mean(h ** 2) for h in hidden)
+
+
+class _PenaltyLogitsOnly(_ActivationPenalty):
+  """A subclass calling ``super().__call__``: Flax names everything under one module."""
+
+  def __call__(self, x):
+    logits, penalty = super().__call__(x)
+    return logits + penalty
+
+
+def test_a_model_that_is_one_module_is_planned_at_that_modules_children():
+  """Found by a user's trial: the subclass traced as one layer beside its root's own add
+  (its split a graph, kept whole), where its base class is planned as a graph of its
+  layers."""
+  x = jax.random.normal(jax.random.key(1), (32, 16))
+  params = _ActivationPenalty().init(jax.random.key(0), x)
+  for model in (_ActivationPenalty(), _PenaltyLogitsOnly()):
+    r = jaxremat.apply(model.apply, params, x, verify=False)
+    assert r.is_graph and len(r.chain.names) >= 9, r.decomposition
+    loss = lambda p, f: sum(jnp.sum(y) for y in jax.tree.leaves(f(p, x)))  # noqa: E731
+    _assert_close(jax.grad(loss)(params, model.apply), jax.grad(loss)(params, r.fn))
+  assert all(name.startswith("_PenaltyLogitsOnly/") for name in r.chain.names[:-1])
+  assert "descended into '_PenaltyLogitsOnly'" in r.decomposition
 
 
 @pytest.mark.parametrize("name", ["vit", "lm1b"])

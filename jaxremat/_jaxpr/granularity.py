@@ -71,9 +71,11 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
   them form layers of their own) when it makes at least ``DESCEND_SHARE`` of the
   model's activation bytes, or when a sibling of the same name but for a trailing
   index (``layer1``, ``layer2``; ``blocks.0``, ``blocks.1``) was split; a module with
-  a single child is looked through. A split is kept only when the layers stay a chain
-  once small batch-only values read across layers (``HOIST_SHARE``) join the prelude;
-  otherwise the module, and its like-named siblings, stay whole. When the root's children
+  a single child is looked through, and so is the root's only child module (split
+  whether its layers are a chain or a graph, as the root's children are). Other splits
+  are kept only when the layers stay a chain once small batch-only values read across
+  layers (``HOIST_SHARE``) join the prelude; otherwise the module, and its like-named
+  siblings, stay whole. When the root's children
   are a graph already (a U-Net's skips from its encoder to its decoder), a split is kept
   when the module's layers and the one before them form a chain (an Encoder's blocks),
   not when it holds a skip of its own (a residual block). Largest modules go first.
@@ -114,9 +116,17 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
             own_chain)
 
   best, modules, _ = evaluate(frozenset())
-  graph = not best.is_chain  # then splits are judged by their own layers (docstring)
   expanded: frozenset = frozenset()
   split: list[Key] = []
+  if (len(modules) == 1 and tree.divisible(modules[0])
+      and tree.weight(modules[0]) >= DESCEND_SHARE * total):
+    # the model is one module (a wrapper; a subclass calling super().__call__) and, at
+    # most, work of the root's own: that module's children are the model's layers, a
+    # chain or a graph, as the root's are (kept whole, it leaves nothing to plan)
+    split.append(modules[0])
+    expanded = tree.expansion(modules[0])
+    best, modules, _ = evaluate(expanded)
+  graph = not best.is_chain  # then splits are judged by their own layers (docstring)
   kept: list[Key] = []
   decided: dict[Key, bool] = {}  # (parent, stem) -> whether that kind of module was split
   while True:
