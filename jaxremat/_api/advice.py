@@ -68,7 +68,7 @@ def warn_one_layer(traced: TracedChain) -> None:
 _REMAT_PRIMITIVES = frozenset({"checkpoint", "remat2"})
 
 
-def warn_if_rematerialised(traced: TracedChain, explained: bool = False) -> None:
+def warn_boundaries_kept(traced: TracedChain, explained: bool = False) -> None:
   """Warns (``NoSavingWarning``) that the plan keeps every layer boundary: because the
   model rematerialises already (a layer runs ``jax.checkpoint``, ``nn.remat`` or
   ``nnx.remat`` inside it), or, unless another warning ``explained`` why, because no

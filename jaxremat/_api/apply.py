@@ -10,7 +10,7 @@ import jax
 
 from jaxremat._api import checks
 from jaxremat._api.advice import (MIN_SAVING, warn_as_written, warn_if_coarse,
-                                  warn_if_rematerialised, warn_one_layer)
+                                  warn_boundaries_kept, warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_finer,
                                  searched_note)
@@ -250,7 +250,7 @@ def apply(
   if chosen and method != "none" and not scans and plan.method != AS_WRITTEN:
     warn_one_layer(traced)
     if not plan.checkpoints and len(traced.layers) > 1:
-      warn_if_rematerialised(traced, explained=coarse)
+      warn_boundaries_kept(traced, explained=coarse)
   with clock("emit"):
     fn = DropIn(model_fn, plan, planned_depth, traced, key, _segments(scans))
   return Remat(fn=fn, plan=plan, chain=planner.chain, solve_seconds=clock.seconds["solve"],

@@ -291,9 +291,9 @@ def _saved_bytes(vjp: Any, args: list) -> int:
     outputs, vjp_fn = vjp(*args)
     return jax.tree_util.tree_leaves(outputs), jax.tree_util.tree_leaves(vjp_fn)
 
-  closed, (outputs, _) = jax.make_jaxpr(residuals, return_shape=True)(*args)
+  closed, (out_shapes, _) = jax.make_jaxpr(residuals, return_shape=True)(*args)
   jaxpr = closed.jaxpr
-  outputs, saved = jaxpr.outvars[:len(outputs)], jaxpr.outvars[len(outputs):]
+  outputs, saved = jaxpr.outvars[:len(out_shapes)], jaxpr.outvars[len(out_shapes):]
   held = set(jaxpr.invars) | {v for v in outputs if not isinstance(v, _compat.Literal)}
   return sum(_compat.aval_bytes(v.aval) for v in dict.fromkeys(
       v for v in saved if not isinstance(v, _compat.Literal) and v not in held))
