@@ -426,9 +426,32 @@ def test_drop_in_raises_the_models_own_error_for_other_keyword_arguments():
                      verify=False)
   with pytest.raises(flax.errors.InvalidRngError) as info:
     r.fn(params, X, train=True)
-  (note,) = info.value.__notes__  # the call's, not apply's note on how it calls the model
+  notes = info.value.__notes__  # the call's, not apply's note on how it calls the model
+  assert not any(n.startswith("jaxremat: the model raised this when traced as") for n in notes)
+  (note,) = [n for n in notes if n.startswith("jaxremat:")]
   assert "other keyword arguments than the plan was made for" in note
   assert "made with rngs={'dropout': <array>}, train=True, this call has train=True." in note
+
+
+def test_drop_in_keeps_the_notes_of_the_models_own_error():
+  """The drop-in's note for other keyword arguments replaces apply's note on how it calls
+  the model, and no other note the error carries."""
+  model, params, _ = mlp()
+
+  def model_fn(p, x, scale):
+    if scale != 1:
+      err = ValueError("scale must be 1")
+      err.add_note("the model's own note")
+      raise err
+    return model.apply(p, x) * scale
+
+  r = jaxremat.apply(model_fn, params, X, scale=1, verify=False)
+  with pytest.raises(ValueError) as info:
+    r.fn(params, X, scale=2)
+  notes = info.value.__notes__
+  assert "the model's own note" in notes
+  assert not any(n.startswith("jaxremat: the model raised this when traced as") for n in notes)
+  assert any("other keyword arguments than the plan was made for" in n for n in notes)
 
 
 def test_drop_in_takes_params_cast_to_bfloat16():

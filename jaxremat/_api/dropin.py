@@ -14,7 +14,7 @@ from jaxremat._errors import InputMismatchError, InvalidArgumentError, JaxrematE
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import emit
 from jaxremat._jaxpr.regroup import own_work_path
-from jaxremat._jaxpr.trace import PRIVATE_KWARGS, TracedChain, split_kwargs, trace
+from jaxremat._jaxpr.trace import PRIVATE_KWARGS, RAISED_NOTE, TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Plan
 from jaxremat._model.policy_plan import PolicyPlan
 
@@ -119,11 +119,12 @@ class DropIn:
               f"was made for {_avals(self._batch_key)}): {type(err).__name__}: {err}") from err
         # in place of the trace's note (how apply calls the model), which the same params
         # and batch passed already: the keyword arguments are what changed
-        err.__notes__ = [
+        err.__notes__ = [n for n in err.__notes__ if not n.startswith(RAISED_NOTE)]
+        err.add_note(
             "jaxremat: the model raised this when the drop-in traced it for other keyword "
             f"arguments than the plan was made for (same params and batch): the plan was "
             f"made with {_kwargs_text(self._kwargs_key)}, this call has "
-            f"{_kwargs_text(key[2:])}."]
+            f"{_kwargs_text(key[2:])}.")
         raise
       names = tuple(layer.name for layer in traced.layers)
       if not _same_layers(names, self._names):

@@ -88,6 +88,10 @@ PRIVATE_KWARGS = "_jaxremat_"
 NNX_KWARGS = PRIVATE_KWARGS + "nnx_"
 
 
+#: How the note apply adds to an error the model raised while traced begins.
+RAISED_NOTE = "jaxremat: the model raised this when traced as "
+
+
 def _model_raised_note(params: Any, batch: Any, nnx: bool) -> str:
   """What jaxremat called when the model raised: the params' top-level keys, the batch's
   shapes and dtypes, and how ``model_fn`` is called (an nnx module: ``model(batch)``)."""
@@ -96,12 +100,11 @@ def _model_raised_note(params: Any, batch: Any, nnx: bool) -> str:
   if len(shapes) > 200:
     shapes = shapes[:200] + "..."
   if nnx:
-    return (f"jaxremat: the model raised this when traced as model(batch), batch {shapes}: "
+    return (f"{RAISED_NOTE}model(batch), batch {shapes}: "
             "batch is the module's one positional input (a tuple is passed whole); labels "
             "for the loss go in loss_fn=, closed over.")
-  return ("jaxremat: the model raised this when traced as model_fn(params, batch, "
-          f"**model_kwargs), params with top-level keys {keys}, batch {shapes}. model_fn "
-          "is called as flax's model.apply is: params is the whole variables dict "
+  return (f"{RAISED_NOTE}model_fn(params, batch, **model_kwargs), params with top-level "
+          f"keys {keys}, batch {shapes}. model_fn is called as flax's model.apply is: params is the whole variables dict "
           "({'params': ...}, with 'batch_stats' where the model has them), batch the "
           "model's one positional input (a tuple is passed whole); labels for the loss "
           "go in loss_fn=, closed over.")
