@@ -95,3 +95,8 @@ def test_groups_are_checked():
   with pytest.raises(Exception, match="cover"):
     PolicyPlan((Group(0, 1, Option(KEEP)),)).validate(2)
   assert "names(2 saved)" in Option(NAMES, saved=frozenset({1, 2})).describe()
+
+
+def test_a_printed_plan_lists_its_groups():
+  plan = PolicyPlan((Group(0, 2, Option(RECOMPUTE)), Group(2, 3, Option(DOTS))))
+  assert str(plan) == "layers 1-2: recompute\nlayer 3: dots"

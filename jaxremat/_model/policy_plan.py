@@ -118,6 +118,9 @@ class PolicyPlan:
         f"layer {g.stop}: {g.option.describe()}" if g.stop - g.start == 1
         else f"layers {g.start + 1}-{g.stop}: {g.option.describe()}" for g in self.groups)
 
+  def __str__(self) -> str:  # print(fitted.plan): the groups, not the dataclass fields
+    return self.describe()
+
 
 def from_plan(checkpoints: tuple[int, ...], n: int) -> PolicyPlan:
   """A layer-boundary plan (``Plan.checkpoints``) as groups: every segment but the last
