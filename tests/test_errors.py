@@ -328,6 +328,9 @@ CASES = [
          jaxremat.InputMismatchError,
          r"model fails on a batch of shapes and dtypes \[\(2, 5\) float32\] \(the plan was made "
          r"for \[\(2, 4\) float32\]\)"),
+    Case("drop-in-batch-missing", lambda: mlp()[2].fn(X), jaxremat.InvalidArgumentError,
+         r"called as .*r\.fn\(params, batch, \*\*kwargs\).*got one positional argument.*"
+         r"apply_nnx"),
     Case("drop-in-positional-extras", lambda: mlp()[2].fn(mlp()[1], X, True),
          jaxremat.InvalidArgumentError, r"by keyword.*got 1 more positional argument"),
     Case("drop-in-batch-structure", lambda: call_drop_in(batch={"x": X}),

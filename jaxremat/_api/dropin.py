@@ -69,6 +69,9 @@ def _same_layers(names: tuple[str, ...], planned: tuple[str, ...]) -> bool:
       for a, b in zip(names, planned))
 
 
+_MISSING = object()  # the batch, when the drop-in is called with one positional argument
+
+
 class DropIn:
   """``fn(params, batch, **kwargs)``: the model run segment by segment under the plan.
 
@@ -99,7 +102,13 @@ class DropIn:
       traced, _ = _scan.rewrite(traced, self._segments, self._scan_policies)
     return traced
 
-  def __call__(self, params: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+  def __call__(self, params: Any, batch: Any = _MISSING, *args: Any, **kwargs: Any) -> Any:
+    if batch is _MISSING:
+      raise InvalidArgumentError(
+          "the drop-in is called as the model_fn it was planned from, r.fn(params, batch, "
+          "**kwargs) (flax: the variables dict, then the batch); got one positional "
+          "argument. An nnx module is planned with jaxremat.apply_nnx, whose drop-in is "
+          "called as r.fn(model, batch).")
     if args:
       raise InvalidArgumentError(
           f"the drop-in takes params, the batch and the model's other arguments by keyword, "
