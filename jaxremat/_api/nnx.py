@@ -68,9 +68,10 @@ def apply_nnx(
     loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
     optimizer.update(model, grads)
 
-  For evaluation call ``model`` directly (nothing to checkpoint without gradients; a
-  mode switch such as ``model.eval()`` that removes Dropout's work changes the layers,
-  and ``fn`` then raises ``InputMismatchError``). On CPU compile the step with
+  For evaluation call ``model`` directly (nothing to checkpoint without gradients). After
+  a mode switch such as ``model.eval()``, ``fn`` raises ``InputMismatchError`` where the
+  switch changes the layers (a Dropout that is a layer of its own), and runs the model in
+  the new mode under the plan where it does not (Dropout inside a block). On CPU compile the step with
   ``compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"}`` (``jax.jit``)
   or XLA undoes the remat.
 
