@@ -7,6 +7,7 @@
         --out bench/results/zoo-least-cpu/zoo-least.json  # the CPU zoo instead (same table)
     PYTHONPATH=. python bench/unseen.py --set realworld ...  # Flax-style transformers, dropout
     PYTHONPATH=. python bench/unseen.py --compiled-only EARLIER.json ...  # that column again
+    PYTHONPATH=. python bench/unseen.py --apply-only EARLIER.json ...  # both apply columns again
 
 For each model (defined here, not in the zoo; the first three are issue 21's holdout,
 written after every rule): ``jaxremat.apply`` with its defaults and ``profile="jaxpr"``
@@ -179,10 +180,8 @@ def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
   ``kwargs`` go to ``apply_fn`` (``mutable=``, ``rngs=``, ``train=``)."""
   kwargs = dict(kwargs or {})
   footprint = _measurer(params, x, target, kwargs)
-  start = time.perf_counter()
-  r = jaxremat.apply(apply_fn, params, x, target=target, profile="jaxpr", **kwargs)
-  apply_seconds = time.perf_counter() - start
-  measured = footprint(r.fn)
+  r, default = _default_apply(apply_fn, params, x, target, kwargs, footprint)
+  measured = default["apply_bytes"]
   none = footprint(apply_fn)
   uniform = {}
   for k in range(1, r.chain.n + 1):
@@ -201,11 +200,7 @@ def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
   if compiled:
     compiled["vs_least"] = compiled["bytes"] / least - 1
   row = {
-      "model": name, "layers": r.chain.n, "plan": list(r.plan.checkpoints),
-      "compiled": len(r.verified or {}),
-      "target": target, "apply_seconds": apply_seconds,
-      "none_bytes": none, "apply_bytes": measured, "predicted_bytes": r.predicted_total_bytes,
-      "prediction_error": r.predicted_total_bytes / measured - 1,
+      "model": name, "layers": r.chain.n, **default, "target": target, "none_bytes": none,
       "best_uniform_k": best_k, "best_uniform_bytes": uniform[best_k],
       "apply_vs_best_uniform": measured / uniform[best_k] - 1,
       "verify_bytes": verified_bytes, "verify_seconds": verify_seconds,
@@ -224,15 +219,35 @@ def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
   return row
 
 
-def refresh_compiled(row: dict, apply_fn: Callable[..., Any], params: Any, x: Any,
-                     target: str | None = None, kwargs: dict | None = None) -> dict:
+def _default_apply(apply_fn, params, x, target, kwargs, footprint) -> tuple[Any, dict]:
+  """Default apply with ``profile="jaxpr"``: the result, and its row's columns (plan,
+  XLA's footprint, prediction, seconds, compiles)."""
+  start = time.perf_counter()
+  r = jaxremat.apply(apply_fn, params, x, target=target, profile="jaxpr", **kwargs)
+  seconds = time.perf_counter() - start
+  measured = footprint(r.fn)
+  return r, {"plan": list(r.plan.checkpoints), "compiled": len(r.verified or {}),
+             "apply_seconds": seconds, "apply_bytes": measured,
+             "predicted_bytes": r.predicted_total_bytes,
+             "prediction_error": r.predicted_total_bytes / measured - 1}
+
+
+def refresh(row: dict, apply_fn: Callable[..., Any], params: Any, x: Any,
+            target: str | None = None, kwargs: dict | None = None,
+            default: bool = False) -> dict:
   """``row`` of an earlier ``run_model`` with its compiled profile's columns run again
-  (the other columns do not depend on that profile); the least footprint is the least
-  of the earlier plans and the plans compiled now."""
+  (the other columns do not depend on that profile), and with ``default`` the default
+  apply's too (the checkpoint-every-k and ``verify=True`` columns do not depend on how
+  apply confirms); the least footprint is the least of the earlier plans and the plans
+  compiled now."""
   kwargs = dict(kwargs or {})
   footprint = _measurer(params, x, target, kwargs)
+  if default:
+    row = {**row, **_default_apply(apply_fn, params, x, target, kwargs, footprint)[1]}
+    row["apply_vs_best_uniform"] = row["apply_bytes"] / row["best_uniform_bytes"] - 1
   compiled = _compiled_profile(apply_fn, params, x, target, kwargs, footprint)
-  least = min(row["least_bytes"], *(compiled or {}).get("verified", {}).values())
+  least = min(row["least_bytes"], row["apply_bytes"],
+              *(compiled or {}).get("verified", {}).values())
   if compiled:
     compiled["vs_least"] = compiled["bytes"] / least - 1
   return {**row, "least_bytes": least, "apply_vs_least": row["apply_bytes"] / least - 1,
@@ -307,11 +322,14 @@ def main(argv=None) -> None:
   parser.add_argument("--compiled-only", metavar="JSON",
                       help="re-run only the compiled profile's columns over this earlier run "
                            "of the same set and target (its other columns are kept)")
+  parser.add_argument("--apply-only", metavar="JSON",
+                      help="as --compiled-only, and default apply's columns too")
   args = parser.parse_args(argv)
   start = time.time()
   rows = []
   wanted = args.models.split(",") if args.models else None
-  previous = json.load(open(args.compiled_only)) if args.compiled_only else None
+  earlier_run = args.apply_only or args.compiled_only
+  previous = json.load(open(earlier_run)) if earlier_run else None
   earlier = {r["model"]: r for r in previous["rows"]} if previous else None
   for name, build in model_set(args.set).items():
     if wanted and not any(name.startswith(w) for w in wanted):
@@ -320,7 +338,8 @@ def main(argv=None) -> None:
     if earlier is None:
       rows.append(run_model(name, apply_fn, params, x, args.target, kwargs))
     elif name in earlier:
-      rows.append(refresh_compiled(earlier[name], apply_fn, params, x, args.target, kwargs))
+      rows.append(refresh(earlier[name], apply_fn, params, x, args.target, kwargs,
+                          default=bool(args.apply_only)))
     else:
       continue
     r = rows[-1]
