@@ -84,7 +84,9 @@ def apply(
       Default (None): confirm the chosen plan (or the given ``plan``) with one compile.
       When XLA's footprint is within 3% of the prediction, also compile up to 3 plans
       the estimate ties with it (one checkpoint from it or from model R's optimum,
-      predicted at most 1% above it); when it is further off, the 3 leading candidates
+      predicted at most 1% above it; when XLA measures the first two as the plan, the
+      third is the checkpoint-every-k plan of least prediction that is no such tie); when
+      it is further off, the 3 leading candidates
       (with the compiled profile, the estimate's best checkpoint-every-k plan first);
       keep XLA's least. With a scanned stack and ``scan_segment="auto"``, the chosen
       plan first measures each stack's segment length (two or three compiles a stack).
