@@ -71,9 +71,9 @@ def apply_nnx(
   For evaluation call ``model`` directly (nothing to checkpoint without gradients). After
   a mode switch such as ``model.eval()``, ``fn`` raises ``InputMismatchError`` where the
   switch changes the layers (a Dropout that is a layer of its own), and runs the model in
-  the new mode under the plan where it does not (Dropout inside a block). On CPU compile the step with
-  ``compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"}`` (``jax.jit``)
-  or XLA undoes the remat.
+  the new mode under the plan where it does not (Dropout inside a block). On CPU compile
+  the step with ``compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"}``
+  (``jax.jit``) or XLA undoes the remat.
 
   Args:
     model: the ``nnx.Module`` to train; it must be a chain of layers at the chosen
