@@ -113,6 +113,10 @@ def models() -> dict:
       nn.Conv(128, (3, 3)), nn.relu, pool, _flatten, nn.Dense(10)])
   u_mlp = nn.Sequential([layer for width in (1024, 512, 128, 512, 1024)
                          for layer in (nn.Dense(width), nn.gelu)] + [nn.Dense(10)])
+  gn_conv = nn.Sequential([
+      layer for features, stride in ((16, 1), (32, 2), (32, 1), (64, 2), (64, 1), (64, 1))
+      for layer in (nn.Conv(features, (3, 3), strides=(stride, stride)), nn.GroupNorm(8),
+                    nn.swish)] + [lambda x: x.mean(axis=(1, 2)), nn.Dense(10)])
   bf16 = jnp.bfloat16
   pre_ln = nn.Sequential([nn.Dense(128, dtype=bf16), *[_PreLNBlock(4, bf16) for _ in range(6)],
                           lambda x: x.mean(axis=1), nn.Dense(10, dtype=bf16)])
@@ -127,6 +131,9 @@ def models() -> dict:
       "mlp (700-300-1500-90-800-40-10)": (mlp, jax.random.normal(key, (384, 200))),
       "residual conv blocks (GroupNorm)": (res_conv, jax.random.normal(key, (8, 24, 24, 3))),
       "residual mixer blocks (LayerNorm)": (mixer, jax.random.normal(key, (16, 64, 48))),
+      # From a user's trial (2026-11-28); confirm's other-structure compile was made for it.
+      "GroupNorm conv stages (conv/GroupNorm/swish)": (
+          gn_conv, jax.random.normal(key, (16, 32, 32, 3))),
   }
 
 
@@ -321,7 +328,9 @@ def main(argv=None) -> None:
   parser.add_argument("--set", default="unseen", choices=SETS, help="which models")
   parser.add_argument("--compiled-only", metavar="JSON",
                       help="re-run only the compiled profile's columns over this earlier run "
-                           "of the same set and target (its other columns are kept)")
+                           "of the same set and target (its other columns are kept; its "
+                           "models --models leaves out keep their rows; a model it lacks is "
+                           "run whole)")
   parser.add_argument("--apply-only", metavar="JSON",
                       help="as --compiled-only, and default apply's columns too")
   args = parser.parse_args(argv)
@@ -333,15 +342,15 @@ def main(argv=None) -> None:
   earlier = {r["model"]: r for r in previous["rows"]} if previous else None
   for name, build in model_set(args.set).items():
     if wanted and not any(name.startswith(w) for w in wanted):
+      if earlier and name in earlier:
+        rows.append(earlier[name])  # not asked for: the earlier run's row
       continue
     apply_fn, params, x, kwargs = build()
-    if earlier is None:
+    if earlier is None or name not in earlier:
       rows.append(run_model(name, apply_fn, params, x, args.target, kwargs))
-    elif name in earlier:
+    else:
       rows.append(refresh(earlier[name], apply_fn, params, x, args.target, kwargs,
                           default=bool(args.apply_only)))
-    else:
-      continue
     r = rows[-1]
     print(f"{name}: apply {r['apply_bytes'] / 2**20:.2f} MiB, predicted {r['predicted_bytes'] / 2**20:.2f} "
           f"({100 * r['prediction_error']:+.1f}%), best uniform {r['best_uniform_bytes'] / 2**20:.2f} "
