@@ -39,7 +39,7 @@ def least_measured(measured: Measured,
   (``measured``, bytes) is within ``_SAME_FOOTPRINT`` of the least; then fewest bytes.
   Footprints a few bytes apart (alignment) are one figure."""
   least = min(measured.values())
-  close = [c for c in measured if measured[c] <= least * (1 + _SAME_FOOTPRINT)]
+  close = [c for c in measured if _same(measured[c], least)]
   return min(close, key=lambda c: (recompute(c), measured[c], len(c)))
 
 

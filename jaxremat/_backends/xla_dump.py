@@ -32,7 +32,8 @@ from jaxremat._jaxpr.regroup import own_work_path
 from jaxremat._jaxpr.trace import TracedChain
 
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
-_VALUE = re.compile(r"^ value: <(\d+) (\S+?)(?: \(phi\))? @0> \(size=(\d+),offset=(\d+)\): (\S)")
+_VALUE = re.compile(
+    r"^ value: <(\d+) (\S+?)(?: \(phi\))? @0> \(size=(\d+),offset=(\d+)\): (\S)")
 _HEADER = re.compile(r"^<(\d+) (\S+?)(?: \(phi\))? @0>")
 _USE = re.compile(r"^  (\S+), operand")
 _FROM = re.compile(r"^ from instruction: %?(\S+) = (.*)$")

@@ -105,9 +105,9 @@ def _model_raised_note(params: Any, batch: Any, nnx: bool) -> str:
             "for the loss go in loss_fn=, closed over.")
   return (f"{RAISED_NOTE}model_fn(params, batch, **model_kwargs), params with top-level "
           f"keys {keys}, batch {shapes}. model_fn is called as flax's model.apply is: "
-          "params is the whole variables dict ({'params': ...}, with 'batch_stats' where the model has them), batch the "
-          "model's one positional input (a tuple is passed whole); labels for the loss "
-          "go in loss_fn=, closed over.")
+          "params is the whole variables dict ({'params': ...}, with 'batch_stats' where "
+          "the model has them), batch the model's one positional input (a tuple is passed "
+          "whole); labels for the loss go in loss_fn=, closed over.")
 
 
 def trace(
