@@ -26,9 +26,9 @@ from typing import Any
 from jaxremat import Footprint, measure
 from jaxremat._backends.heap import (TempValue, live_peak_bytes,  # noqa: F401 (re-exported)
                                      replay_temp_bytes)
+from jaxremat._backends.xla_dump import _VALUE  # one reading of a value line, (phi) included
 
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+)")
-_VALUE = re.compile(r"^ value: <(\d+) (\S+?) @0> \(size=(\d+),offset=(\d+)\): (\S)")
 _RANGE = re.compile(r"^\s+(\S+\{[\d,]*\}):(\d+)-(\d+)$")
 
 

@@ -103,6 +103,23 @@ def test_the_replay_is_xlas_temp_allocation_to_the_byte(name, build, shape, chec
   assert live_peak_bytes(values) <= replayed, name
 
 
+@cpu_only
+def test_the_values_of_a_loop_and_a_conditional_are_read():
+  # XLA marks a while loop's and a conditional's outputs "(phi)" in its dump; before they
+  # were read, this step's replay came out 17% short of XLA's temp allocation; now it is
+  # 768 bytes (0.1%) over it, a difference not yet explained: within 1%, not to the byte.
+  def loss(stack, x):
+    h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, stack)
+    h = jax.lax.cond(h.sum() > 0, jnp.sin, lambda h: 2 * jnp.cos(h), h)
+    return (h ** 2).sum()
+
+  footprint, values = measure_with_temp_values(loss, jnp.ones((6, 128, 128)),
+                                               jnp.ones((64, 128)))
+  replayed = replay_temp_bytes(values)
+  assert abs(replayed - footprint.temp_bytes) <= 0.01 * footprint.temp_bytes
+  assert live_peak_bytes(values) <= replayed
+
+
 #: Two steps' buffer-assignment and live-range dumps from the second H100 run of
 #: 2026-11-23 (jax 0.11.2), xz-compressed; tests/data/README.md says where they come from.
 _H100_DUMPS = pathlib.Path(__file__).resolve().parent / "data" / "h100"
