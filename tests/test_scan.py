@@ -166,7 +166,11 @@ def test_footprint_below_plain_and_near_best_uniform(name):
   r = jaxremat.apply(fn, params, x, plan=plan)
   chosen = r.scans[0]
   # a user's trial read the "none" row as the model as written
-  assert "every strategy runs the scanned stacks segmented" in r.report()
+  report = r.report()
+  assert "every strategy runs the scanned stacks segmented" in report
+  # and the chosen line as no remat when the plan is the stack's segments alone
+  assert (f"scan in layer {chosen.layer + 1}: a checkpoint every {chosen.segment} of its "
+          f"{chosen.length} iterations") in report.split("chosen: ")[1].splitlines()[0]
   n = chosen.length
   plain = _measured(fn, params, x)
   uniform = {k: _measured(jaxremat.apply(fn, params, x, scan_segment=k, plan=plan,

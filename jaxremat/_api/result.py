@@ -163,7 +163,9 @@ class Remat:
     if self.as_written_bytes is not None:
       lines.append(f"the model as written (no plan), XLA-measured: "
                    f"{fmt_bytes(self.as_written_bytes)}")
-    lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}")
+    scanned = "".join(f"; scan in layer {s.layer + 1}: a checkpoint every {s.segment} of its "
+                      f"{s.length} iterations" for s in self.scans)
+    lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}{scanned}")
     if self.measured_total_bytes is not None:
       predicted, measured = planner.total_bytes(plan), self.measured_total_bytes
       off = predicted / measured - 1
@@ -175,5 +177,6 @@ class Remat:
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "
           f"{s.segment} (model-R peak {fmt_bytes(s.peak_bytes)}; optimal plan "
-          f"{fmt_bytes(s.optimal_peak_bytes)}; none {fmt_bytes(peak_bytes(s.chain, Plan()))})")
+          f"{fmt_bytes(s.optimal_peak_bytes)}; with no checkpoint inside it "
+          f"{fmt_bytes(peak_bytes(s.chain, Plan()))})")
     return "\n".join(lines)
