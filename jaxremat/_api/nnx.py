@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -32,7 +33,7 @@ _APPLY_OPTIONS, _FIT_OPTIONS = (
               if p.kind is p.KEYWORD_ONLY) for f in (apply, fit))
 
 # id(module) -> scope name, for the modules of the copy being traced (this context only).
-_SCOPES: contextvars.ContextVar[dict[int, str]] = contextvars.ContextVar("jaxremat_nnx_scopes")
+_SCOPES: contextvars.ContextVar[dict[Any, str]] = contextvars.ContextVar("jaxremat_nnx_scopes")
 
 
 def apply_nnx(
@@ -53,7 +54,9 @@ def apply_nnx(
   its own (``transformer_blocks/layers.3`` of an ``nnx.Sequential``); work the model does
   outside any child (a residual add, ``nnx.relu`` in a ``Sequential``) forms layers of
   its own. Only ``__call__`` is scoped: another method of a child (``embed.attend``)
-  counts as work of its caller. The model itself is not modified.
+  counts as work of its caller. A stack ``nnx.scan`` runs (blocks ``nnx.vmap`` made) is
+  one layer named by its attribute (``blocks``), where the model holds one module of its
+  class. The model itself is not modified.
 
   The result's ``fn(model, batch, **call_kwargs)`` is a drop-in for
   ``model(batch, **call_kwargs)``: it runs the plan's segments under
@@ -188,12 +191,13 @@ def _call_merged(params: Any, batch: Any, **kwargs: Any) -> tuple[Any, Any]:
 def _module_scopes(model: nnx.Module):
   """Runs every module call of ``model`` (a private copy) in a named scope of its path."""
   modules = [(path, m) for path, m in nnx.iter_modules(model) if callable(m)]  # not nnx.List
-  scoped = {path for path, _ in modules}
-  names: dict[int, str] = {}
-  for path, module in modules:
-    parent = next((path[:k] for k in range(len(path) - 1, -1, -1) if path[:k] in scoped), None)
-    names[id(module)] = (type(module).__name__ if parent is None
-                         else ".".join(str(k) for k in path[len(parent):]))
+  names = _scope_names(modules, root=type(model).__name__)
+  by_class = collections.Counter(type(m) for _, m in modules)
+  # a module a transform slices (nnx.scan over blocks nnx.vmap made) runs as a new
+  # object of its class: named as the model's one module of that class, where it is one
+  for _, m in modules:
+    if by_class[type(m)] == 1:
+      names[_scoped_class(type(m))] = names[id(m)]
   originals = [(m, type(m)) for _, m in modules]
   token = _SCOPES.set(names)
   try:
@@ -206,12 +210,33 @@ def _module_scopes(model: nnx.Module):
     _SCOPES.reset(token)
 
 
+def _scope_names(modules: list[tuple[tuple[Any, ...], Any]], root: str) -> dict[Any, str]:
+  """Per module (by ``id``), its scope: its attribute path below the nearest module above
+  it that is called (``root`` for the top one)."""
+  scoped = {path for path, _ in modules}
+  names: dict[Any, str] = {}
+  for path, module in modules:
+    parent = next((path[:k] for k in range(len(path) - 1, -1, -1) if path[:k] in scoped), None)
+    names[id(module)] = (root if parent is None
+                         else ".".join(str(k) for k in path[len(parent):]))
+  return names
+
+
 @functools.cache
 def _scoped_class(cls: type) -> type:
   """A subclass of ``cls`` whose ``__call__`` runs in the instance's named scope."""
 
   def __call__(self, *args, **kwargs):
-    name = _SCOPES.get({}).get(id(self))
+    names = _SCOPES.get({})
+    name = names.get(id(self))
+    if name is None and (name := names.get(type(self))) is not None:  # a transform's slice
+      inner = _scope_names([(p, m) for p, m in nnx.iter_modules(self) if callable(m)], name)
+      token = _SCOPES.set({**names, **inner})
+      try:
+        with jax.named_scope(name):
+          return super(scoped, self).__call__(*args, **kwargs)
+      finally:
+        _SCOPES.reset(token)
     if name is None:
       return super(scoped, self).__call__(*args, **kwargs)
     with jax.named_scope(name):
