@@ -132,6 +132,24 @@ def test_report_lists_every_layer_and_strategy():
     assert word in text
 
 
+def test_report_lists_each_compiled_plan_with_xlas_figure():
+  # a user's trial read a chosen plan predicted above every-layer as a contradiction:
+  # the report now shows what XLA measured of each plan it compiled
+  from jaxremat._api.planning import fmt_bytes
+  model = zoo.mlp([64, 256, 32, 256, 8])
+  x = jnp.ones((32, 16))
+  r = jaxremat.apply(model.apply, _init(model, x, {}), x, verify=True)
+  assert len(r.verified) > 1
+  listing = r.report().split("plans compiled, XLA-measured (predicted):\n")[1].splitlines()
+  rows = listing[:len(r.verified)]
+  for checkpoints, measured in r.verified.items():
+    assert any(row.split()[:2] == fmt_bytes(measured).split() and f"{list(checkpoints)}" in row
+               for row in rows), (checkpoints, rows)
+  chosen = [row for row in rows if row.endswith("<- chosen")]
+  assert len(chosen) == 1 and f"{list(r.plan.checkpoints)}" in chosen[0]
+  assert chosen[0].split()[:2] == fmt_bytes(r.measured_total_bytes).split()
+
+
 @pytest.mark.parametrize("plan,regions", [
     (jaxremat.Plan((6,), inner=((0, jaxremat.Plan((2, 4))),)), 3),
     (jaxremat.Plan((3, 6), inner=((0, jaxremat.Plan((1,))),

@@ -173,6 +173,14 @@ class Remat:
                    f"(predicted {fmt_bytes(predicted)}: {abs(off):.1%} "
                    f"{'low' if off < 0 else 'high'}; {len(self.verified or {})} plan(s) "
                    "compiled)")
+    if len(self.verified or {}) > 1:
+      lines.append("plans compiled, XLA-measured (predicted):")
+      for checkpoints, measured in sorted(self.verified.items(), key=lambda kv: kv[1]):
+        same = [m for m, p in plans.items() if p.checkpoints == checkpoints and not p.inner]
+        lines.append(
+            f"  {fmt_bytes(measured):>10} ({fmt_bytes(planner.total_bytes(Plan(checkpoints)))})"
+            f"  {list(checkpoints)}{'  = ' + ', '.join(same) if same else ''}"
+            f"{'  <- chosen' if checkpoints == plan.checkpoints and not plan.inner else ''}")
     for s in self.scans:
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "

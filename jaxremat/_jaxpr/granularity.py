@@ -325,8 +325,9 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree
     others = "the other one" if alike == 1 else f"the {alike} others"
     whole.append(f"'{path(key)}'" + (f" and {others} like it" if alike else ""))
   if whole:
-    text += (f"; kept whole: {', '.join(whole)} (split, a layer would read a value made "
-             "two or more layers before it: a residual connection or a skip)")
+    text += (f"; kept whole: {', '.join(whole)} (were they split into their children, a "
+             "layer would read a value made two or more layers before it: a residual "
+             "connection)")
   if graph:
     text += ("; planned as a graph: a layer reads a value made two or more layers before "
              "it (a skip connection across layers)")
