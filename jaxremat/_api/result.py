@@ -173,9 +173,10 @@ class Remat:
                    f"(predicted {fmt_bytes(predicted)}: {abs(off):.1%} "
                    f"{'low' if off < 0 else 'high'}; {len(self.verified or {})} plan(s) "
                    "compiled)")
-    if len(self.verified or {}) > 1:
+    compiled = self.verified or {}
+    if len(compiled) > 1:
       lines.append("plans compiled, XLA-measured (predicted):")
-      for checkpoints, measured in sorted(self.verified.items(), key=lambda kv: kv[1]):
+      for checkpoints, measured in sorted(compiled.items(), key=lambda kv: kv[1]):
         same = [m for m, p in plans.items() if p.checkpoints == checkpoints and not p.inner]
         lines.append(
             f"  {fmt_bytes(measured):>10} ({fmt_bytes(planner.total_bytes(Plan(checkpoints)))})"
