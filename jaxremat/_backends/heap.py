@@ -144,18 +144,30 @@ def _heap_bytes(buffers: Sequence[_Buffer], order: str, alignment: int) -> int:
     overlap = np.zeros(placed, bool)  # placed ranges live at one of b's ticks
     for s, e in b.ticks:
       overlap |= (starts[:placed] <= e) & (s <= ends[:placed])
-    used = sorted(zip(los[:placed][overlap].tolist(), his[:placed][overlap].tolist()))
-    gaps, free_from = [], 0  # (bytes, offset) of each gap b fits in; free_from is aligned
-    for lo, hi in _merged(used):
-      if lo - free_from >= b.span:
-        gaps.append((lo - free_from, free_from))
-      free_from = max(free_from, _aligned(hi, alignment))
-    offset = min(gaps)[1] if gaps else free_from  # best fit, the lowest of equal gaps
+    offset = _best_fit(los[:placed][overlap], his[:placed][overlap], b.span, alignment)
     for s, e in b.ticks:
       starts[placed], ends[placed], los[placed], his[placed] = s, e, offset, offset + b.span
       placed += 1
     top = max(top, offset + b.span)
   return top
+
+
+def _best_fit(los: np.ndarray, his: np.ndarray, span: int, alignment: int) -> int:
+  """The offset (bytes) best fit gives ``span`` bytes among the byte ranges ``[lo, hi)``
+  in use: the smallest gap it fits, the lowest of equal gaps; else above them all. A
+  gap runs from the aligned end of every range below to the next start."""
+  if not len(los):
+    return 0
+  order = np.lexsort((his, los))
+  los, his = los[order], his[order]
+  below = np.maximum.accumulate(his)  # the highest end up to each range
+  free_from = np.concatenate(([0], -(-below[:-1] // alignment) * alignment))
+  gaps = los - free_from
+  fits = np.flatnonzero(gaps >= span)
+  if not len(fits):
+    return _aligned(int(below[-1]), alignment)
+  best = fits[np.lexsort((free_from[fits], gaps[fits]))[0]]
+  return int(free_from[best])
 
 
 def _aligned(offset: int, alignment: int) -> int:

@@ -156,17 +156,29 @@ class Replay:
     its steps."""
     segments, pos = self._schedule(checkpoints)
     found = self._pieces(segments, pos)
-    busy: list[list[tuple[float, float]]] = [
-        [(pos["F" if written < self.turn else "B", written], math.inf)]
-        for _, written in self.grads]
+    written = [pos["F" if t < self.turn else "B", t] for _, t in self.grads]  # busy on
+    busy: list[list[tuple[int, int]]] = [[] for _ in self.grads]  # before: sorted
+    longest = [0] * len(self.grads)  # the longest interval in ``busy`` (steps)
 
     def free(g: int, a: int, b: int) -> bool:
-      return all(b < c or d < a for c, d in busy[g])
+      if b >= written[g]:
+        return False
+      held, floor = busy[g], a - longest[g]  # one starting below ``floor`` ends below a
+      i = bisect.bisect_right(held, (b, math.inf))  # those starting at or before b
+      while i > 0 and held[i - 1][0] >= floor:
+        i -= 1
+        if held[i][1] >= a:
+          return False
+      return True
+
+    def hold(g: int, a: int, b: int) -> None:
+      bisect.insort(busy[g], (a, b))
+      longest[g] = max(longest[g], b - a)
 
     search = []
     for a, b, size, output in found:
       if output >= 0:  # XLA's choice: out of the temp allocation under every plan
-        busy[output].append((a, b))
+        hold(output, a, b)
       else:
         search.append((a, b, size))
     order = sorted(range(len(self.grads)), key=lambda g: self.grads[g][0])
@@ -178,7 +190,7 @@ class Replay:
       if host is None:
         temp.append((a, b, size))
       else:
-        busy[host].append((a, b))
+        hold(host, a, b)
     return temp
 
   def _pieces(self, segments: list[tuple[int, int]], pos: dict[tuple[Any, ...], int]
