@@ -28,6 +28,9 @@ class _Replay:
   def total_bytes(self, checkpoints: tuple[int, ...]) -> int:
     return FIXED - CHAIN.act_bytes[0] + simulate_peak_bytes(CHAIN, Plan(checkpoints)) + self.extra
 
+  def live_bytes(self, checkpoints: tuple[int, ...]) -> int:
+    return 0  # a lower bound of the temp bytes that rules nothing out
+
 
 def _planner(extra: int) -> ChainPlanner:
   return ChainPlanner(CHAIN, None, FIXED, replay=_Replay(extra))  # type: ignore[arg-type]

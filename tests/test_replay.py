@@ -132,6 +132,12 @@ def test_a_graph_of_layers_is_replayed_closer_to_xla_than_model_g() -> None:
   assert sum(replay_errors) < sum(model_g_errors)
 
 
+def _forget(replay):
+  """Drops the replay's kept placements and values, to replay again under a patch."""
+  replay._placed.clear()
+  replay._temp.clear()
+
+
 def test_a_concatenations_cotangent_ends_where_the_recompute_starts(monkeypatch) -> None:
   """A dense block's concatenation has one cotangent, which its parts' layers read slice
   by slice; under remat XLA sums a segment's output cotangents before its recompute.
@@ -154,13 +160,13 @@ def test_a_concatenations_cotangent_ends_where_the_recompute_starts(monkeypatch)
     plan = uniform_plan(r.chain.n, k)
     measured = _footprint(jaxremat.apply(model.apply, params, x, plan=plan, verify=False,
                                          profile="jaxpr"), params, x)
-    replay._placed.clear()
+    _forget(replay)
     summed = replay.total_bytes(plan.checkpoints)
     with monkeypatch.context() as patch:
       patch.setattr(Replay, "_cotangents", held)
-      replay._placed.clear()
+      _forget(replay)
       whole = replay.total_bytes(plan.checkpoints)
-    replay._placed.clear()
+    _forget(replay)
     errors.append((abs(summed / measured - 1), abs(whole / measured - 1)))
   summed_errors, whole_errors = zip(*errors)
   assert sum(summed_errors) < sum(whole_errors)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 
 from jaxremat._api.planning import below_least, every_k_plans, fmt_bytes, near_ties
 from jaxremat._backends.refine import MAX_LAYERS as MAX_REFINE_LAYERS
@@ -48,6 +49,13 @@ class GraphPlanner:
     estimate orders a chain's."""
     return self.replay is not None and self.chain.n <= MAX_REFINE_LAYERS
 
+  @property
+  def least_temp_bytes(self) -> Callable[[Plan], int] | None:
+    """A lower bound of ``temp_bytes`` cheaper to find, where there is one: the replay's
+    live bytes (its heap placement leaves room between buffers)."""
+    replay = self.replay
+    return None if replay is None else lambda p: replay.live_bytes(p.checkpoints)
+
   def temp_bytes(self, plan: Plan) -> int:
     """Predicted temp bytes of ``plan`` (the footprint less the fixed bytes), to rank by."""
     return self.total_bytes(plan) - (self.replay.fixed_bytes if self.replay else self.fixed_bytes)
@@ -66,7 +74,8 @@ class GraphPlanner:
           f"{sorted(GRAPH_SOLVERS)}; method={method!r} is not one of them.")
     plan = solve_graph(self.chain, method)
     if method == "optimal" and refine_plan and self.replay is not None:
-      plan = refine(self.chain.n, plan, self.temp_bytes, self.recompute_flops)
+      plan = refine(self.chain.n, plan, self.temp_bytes, self.recompute_flops,
+                    least_bytes=self.least_temp_bytes)
     return plan
 
   def solve_budget(self, budget_bytes: int) -> Plan:

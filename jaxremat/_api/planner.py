@@ -63,6 +63,13 @@ class ChainPlanner:
     """Which profile predicts: ``"compiled"`` (the replay) or ``"jaxpr"`` (the estimate)."""
     return "compiled" if self.replay is not None else "jaxpr"
 
+  @property
+  def least_temp_bytes(self) -> Callable[[Plan], int] | None:
+    """A lower bound of ``temp_bytes`` cheaper to find, where there is one: the replay's
+    live bytes (its heap placement leaves room between buffers)."""
+    replay = self.replay
+    return None if replay is None else lambda p: replay.live_bytes(p.checkpoints)
+
   def temp_bytes(self, plan: Plan) -> int:
     """Predicted XLA temp bytes of a single-level ``plan``, to rank plans by: the replay's
     heap placement of its values (the footprint it predicts, less the fixed bytes), or
@@ -79,7 +86,8 @@ class ChainPlanner:
   def solve(self, method: str, refine_plan: bool = True) -> Plan:
     plan = solve(self.chain, method)
     if method == "optimal" and refine_plan:
-      plan = refine(self.chain.n, plan, self.temp_bytes, self.recompute_flops)
+      plan = refine(self.chain.n, plan, self.temp_bytes, self.recompute_flops,
+                    least_bytes=self.least_temp_bytes)
     return plan
 
   def solve_budget(self, budget_bytes: int) -> Plan:
@@ -166,7 +174,8 @@ class ChainPlanner:
   def budget_fallbacks(self) -> list[Plan]:
     """Plans to try when model R finds none within a budget that XLA may still meet."""
     least = solve(self.chain, "optimal")
-    return [refine(self.chain.n, least, self.temp_bytes, self.recompute_flops), least,
+    return [refine(self.chain.n, least, self.temp_bytes, self.recompute_flops,
+                   least_bytes=self.least_temp_bytes), least,
             *self.best_uniform(3)]
 
   def best_uniform(self, count: int) -> list[Plan]:

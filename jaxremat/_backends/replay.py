@@ -92,6 +92,8 @@ class Replay:
   grads: tuple[tuple[int, int], ...] = ()
   _placed: dict[tuple[int, ...], int] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
+  _temp: dict[tuple[int, ...], list[tuple[int, int, int]]] = dataclasses.field(
+      default_factory=dict, init=False, repr=False, compare=False)
 
   def total_bytes(self, checkpoints: Sequence[int]) -> int:
     """The footprint of the plan with these checkpoints (bytes), replayed: the step's
@@ -100,7 +102,7 @@ class Replay:
     key = tuple(checkpoints)
     if key not in self._placed:
       values = [TempValue(i, first, last, -1 - i, size)  # no two written in place
-                for i, (first, last, size) in enumerate(self.intervals(key))]
+                for i, (first, last, size) in enumerate(self._temp_values(key))]
       values += [TempValue(-1 - i, 0, 0, 0, size, is_tuple=True)
                  for i, size in enumerate(self.tables)]
       self._placed[key] = replay_temp_bytes(values, self.alignment)
@@ -110,7 +112,7 @@ class Replay:
     """The peak live bytes of ``intervals`` (bytes): the temp allocation without the room
     the heap leaves between buffers (a lower bound of ``total_bytes``' temp part)."""
     live: collections.Counter[int] = collections.Counter()  # changes from step to step
-    for first, last, size in self.intervals(checkpoints):
+    for first, last, size in self._temp_values(tuple(checkpoints)):
       live[first] += size
       live[last + 1] -= size
     peak = running = 0
@@ -142,6 +144,12 @@ class Replay:
       for t, _ in steps:
         pos["B", t] = len(pos)
     return segments, pos
+
+  def _temp_values(self, key: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """``intervals(key)``, kept for the plan's placement and live bytes."""
+    if key not in self._temp:
+      self._temp[key] = self.intervals(key)
+    return self._temp[key]
 
   def intervals(self, checkpoints: Sequence[int]) -> list[tuple[int, int, int]]:
     """The values of the plan's temp allocation as ``(first, last, bytes)`` over its
