@@ -93,7 +93,7 @@ class Replay:
   _placed: dict[tuple[int, ...], int] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
   _temp: dict[tuple[int, ...], list[tuple[int, int, int]]] = dataclasses.field(
-      default_factory=dict, init=False, repr=False, compare=False)
+      default_factory=dict, init=False, repr=False, compare=False)  # the last plan's
 
   def total_bytes(self, checkpoints: Sequence[int]) -> int:
     """The footprint of the plan with these checkpoints (bytes), replayed: the step's
@@ -146,8 +146,10 @@ class Replay:
     return segments, pos
 
   def _temp_values(self, key: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """``intervals(key)``, kept for the plan's placement and live bytes."""
+    """``intervals(key)``, kept for the last plan asked (its live bytes, then its
+    placement)."""
     if key not in self._temp:
+      self._temp.clear()
       self._temp[key] = self.intervals(key)
     return self._temp[key]
 
