@@ -137,6 +137,19 @@ def load_model(spec: str) -> Any:
   return model
 
 
+def _budget_bytes(text: str) -> int:
+  """``--budget``: whole bytes; a fraction (0.5) is refused, not read as 0 bytes."""
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r} (e.g. 2e9)") from None
+  if 0 < value < 1:
+    raise argparse.ArgumentTypeError(
+        f"{text} is a fraction; the budget is in bytes (e.g. 2e9). For a fraction of the "
+        "activations, use jaxremat.fit(model_fn, params, batch, 0.5) in Python.")
+  return int(value)
+
+
 def _layer_depth(text: str) -> int | str:
   """``--layer-depth``: an int, or ``search``."""
   return text if text == "search" else int(text)
@@ -160,8 +173,8 @@ def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
   if rngs:
     kwargs["rngs"] = {name: jax.random.key(2 + k) for k, name in enumerate(rngs)}
   params = jax.eval_shape(lambda: model.init(  # abstract: planning allocates nothing
-      {"params": jax.random.key(0), **kwargs.get("rngs", {})}, x,
-      **{k: v for k, v in kwargs.items() if k != "rngs"}))
+      {"params": jax.random.key(0), **kwargs.get("rngs", {})}, x,  # every collection
+      **{k: v for k, v in kwargs.items() if k not in ("rngs", "mutable")}))
   if "batch_stats" in params:
     kwargs["mutable"] = ["batch_stats"]
   r = jaxremat.apply(model.apply, params, x, method=method, budget_bytes=budget_bytes,
@@ -221,7 +234,7 @@ def _bench_command(args: argparse.Namespace) -> int:
 def _as_flags(message: str) -> str:
   """``layer_depth=N`` and ``budget_bytes=`` in a message as the plan command's flags."""
   message = re.sub(r"\blayer_depth='?(\d+|search)'?", r"--layer-depth \1", message)
-  return message.replace("layer_depth=", "--layer-depth").replace("budget_bytes=", "--budget")
+  return message.replace("layer_depth=", "--layer-depth ").replace("budget_bytes=", "--budget ")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -239,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="comma-separated input shape, batch first (e.g. 32,32,32,3)")
   plan.add_argument("--dtype", default="float32")
   plan.add_argument("--method", default="optimal")
-  plan.add_argument("--budget", type=float, default=None, help="whole-step budget in bytes")
+  plan.add_argument("--budget", type=_budget_bytes, default=None,
+                    help="whole-step budget in bytes (e.g. 2e9)")
   plan.add_argument("--layer-depth", type=_layer_depth, default=None,
                     help="name-stack depth of a layer (default: found automatically, the "
                     "root module's children split where they are large), or 'search': "
@@ -275,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         r, summary = run_plan(args.model, shape, args.dtype, args.method,
-                              None if args.budget is None else int(args.budget),
+                              args.budget,
                               layer_depth=args.layer_depth, model_kwargs=model_kwargs,
                               rngs=[n for n in args.rngs.split(",") if n],
                               verify=True if args.verify else None, target=args.target)

@@ -27,7 +27,29 @@ def test_plan_prints_the_report_and_json(capsys):
 
 def test_plan_with_an_infeasible_budget_says_the_least(capsys):
   assert cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3", "--budget", "1000"]) == 2
-  assert "that the parameters, the batch and the parameter gradients hold" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "that the parameters, the batch and the parameter gradients hold" in err
+  assert "--budget 1000 (1000 B) is below" in err  # the flag as typed (it read "--budget1000")
+
+
+def test_plan_refuses_a_fraction_as_a_budget(capsys):
+  # a user's trial: --budget 0.5 was read as 0 bytes
+  with pytest.raises(SystemExit):
+    cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3", "--budget", "0.5"])
+  assert "0.5 is a fraction; the budget is in bytes" in capsys.readouterr().err
+
+
+def test_plan_takes_mutable_in_the_model_kwargs(tmp_path, monkeypatch, capsys):
+  # as the Python API passes it; it went into model.init, whose params came back empty
+  (tmp_path / "bn_net.py").write_text(
+      "import flax.linen as nn\n"
+      "Net = lambda: nn.Sequential([nn.Dense(32), nn.BatchNorm(use_running_average=False),\n"
+      "                             nn.relu, nn.Dense(32), nn.relu, nn.Dense(4)])\n")
+  monkeypatch.chdir(tmp_path)
+  args = ["plan", "bn_net:Net", "--batch-shape", "8,16", "--json",
+          "--model-kwargs", '{"mutable": ["batch_stats"]}']
+  assert cli.main(args) == 0
+  assert json.loads(capsys.readouterr().out)["layers"]
 
 
 def test_demo_runs_and_remat_keeps_gradients(capsys):

@@ -233,6 +233,11 @@ CASES = [
     Case("apply-loss-fn-not-scalar",
          lambda: apply_mlp(loss_fn=lambda out: out * 2, verify=False),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
+    Case("apply-loss-fn-raises-on-the-output",
+         lambda: apply_mlp(loss_fn=lambda out: out["logits"].mean(), verify=False),
+         jaxremat.InvalidArgumentError,
+         r"loss_fn raised (TypeError|IndexError).* on the model's output, an array "
+         r"float32\[2, 8\]\. loss_fn takes the output as the model returns it"),
     Case("measure-non-scalar-loss", lambda: jaxremat.measure(mlp()[0].apply, mlp()[1], X),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
     # Models jaxremat cannot checkpoint.
@@ -292,7 +297,7 @@ CASES = [
          r"of the activations instead"),
     Case("fit-budget-float-bytes", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 1.5),
          jaxremat.InfeasibleBudgetError,
-         r"memory_budget=1.5, read as 1 bytes \(1 B\) is below .* A float in \(0, 1\] is a "
+         r"memory_budget=1.5, read as 1 byte \(1 B\) is below .* A float in \(0, 1\] is a "
          r"share"),
     Case("fit-budget-below-least", lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, BELOW_LEAST),
          jaxremat.InfeasibleBudgetError, rf"no plan fits the step in {BELOW_LEAST} bytes .* the least "

@@ -22,8 +22,9 @@ def check_memory_budget(memory_budget: object) -> None:
 
 
 def is_share(memory_budget: float | int) -> bool:
-  """A float in (0, 1] is a share of the activations; an int or a larger float, bytes."""
-  return isinstance(memory_budget, float) and memory_budget <= 1
+  """A float (numpy's too) in (0, 1] is a share of the activations; an int or a larger
+  float, bytes."""
+  return not isinstance(memory_budget, numbers.Integral) and memory_budget <= 1
 
 
 def budget_in_bytes(memory_budget: float | int, fixed: int, no_remat: int) -> int:

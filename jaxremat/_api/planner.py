@@ -281,7 +281,7 @@ def check_holds_inputs(budget_bytes: int, params: Any, batch: Any, model_kwargs:
   held = checks.fixed_bytes(params, batch, arrays)
   if budget_bytes < held:
     shown = (budget_bytes if given is None or given == budget_bytes
-             else f"{given!r}, read as {budget_bytes} bytes")
+             else f"{given!r}, read as {budget_bytes} byte{'' if budget_bytes == 1 else 's'}")
     raise InfeasibleBudgetError(
         f"{name}={shown} ({fmt_bytes(budget_bytes)}) is below the {held} bytes "
         f"({fmt_bytes(held)}) that the parameters, the batch and the parameter gradients "
