@@ -236,7 +236,7 @@ CASES = [
     Case("apply-loss-fn-raises-on-the-output",
          lambda: apply_mlp(loss_fn=lambda out: out["logits"].mean(), verify=False),
          jaxremat.InvalidArgumentError,
-         r"loss_fn raised (TypeError|IndexError).* on the model's output, an array "
+         r"loss_fn raised (TypeError|IndexError).* on the model's output, "
          r"float32\[2, 8\]\. loss_fn takes the output as the model returns it"),
     Case("measure-non-scalar-loss", lambda: jaxremat.measure(mlp()[0].apply, mlp()[1], X),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),

@@ -15,7 +15,7 @@ from jaxremat._backends.measure import check_scalar_loss
 from jaxremat._backends.targets import Target
 from jaxremat._errors import InvalidArgumentError, InvalidBudgetError, UnsupportedModelError
 from jaxremat._jaxpr import compat as _compat
-from jaxremat._jaxpr.trace import TracedChain, is_array_leaf
+from jaxremat._jaxpr.trace import TracedChain, is_array_leaf, tree_shapes
 from jaxremat._model.chain import Plan
 from jaxremat.solvers._budget import budget_as_int
 
@@ -56,22 +56,11 @@ def check_loss_output(traced: TracedChain, model_kwargs: dict[str, Any], loss_fn
   except Exception as err:  # the user's function on the model's output, not jaxremat's
     raise InvalidArgumentError(
         f"loss_fn raised {type(err).__name__} ({err}) when called on the model's output, "
-        f"{_described(outputs)}. loss_fn takes the output as the model returns it: for a "
+        f"{tree_shapes(outputs)}. loss_fn takes the output as the model returns it: for a "
         "tuple or a dict, pick the part the loss reads (loss_fn=lambda out: "
         "xent(out[0]) or xent(out['logits'])).") from err
   check_scalar_loss(value)
 
-
-def _described(out: Any) -> str:
-  """The structure of a model output of ``jax.ShapeDtypeStruct`` leaves, in words."""
-  leaves = jax.tree_util.tree_leaves(out)
-  shapes = ", ".join(f"{leaf.dtype}{list(leaf.shape)}" for leaf in leaves[:4])
-  shapes += ", ..." if len(leaves) > 4 else ""
-  if isinstance(out, dict):
-    return f"a dict with keys {sorted(map(str, out))} ({shapes})"
-  if isinstance(out, (tuple, list)):
-    return f"a {type(out).__name__} of {len(out)} ({shapes})"
-  return f"{type(out).__name__} {shapes}" if len(leaves) != 1 else f"an array {shapes}"
 
 
 class _Required:

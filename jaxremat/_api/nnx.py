@@ -230,17 +230,16 @@ def _scoped_class(cls: type) -> type:
     names = _SCOPES.get({})
     name = names.get(id(self))
     if name is None and (name := names.get(type(self))) is not None:  # a transform's slice
-      inner = _scope_names([(p, m) for p, m in nnx.iter_modules(self) if callable(m)], name)
-      token = _SCOPES.set({**names, **inner})
-      try:
-        with jax.named_scope(name):
-          return super(scoped, self).__call__(*args, **kwargs)
-      finally:
-        _SCOPES.reset(token)
+      children = [(p, m) for p, m in nnx.iter_modules(self) if callable(m)]
+      names = {**names, **_scope_names(children, name)}
     if name is None:
       return super(scoped, self).__call__(*args, **kwargs)
-    with jax.named_scope(name):
-      return super(scoped, self).__call__(*args, **kwargs)
+    token = _SCOPES.set(names)
+    try:
+      with jax.named_scope(name):
+        return super(scoped, self).__call__(*args, **kwargs)
+    finally:
+      _SCOPES.reset(token)
 
   scoped: type[Any] = type(cls.__name__, (cls,), {
       "__call__": __call__, "__slots__": (), "__module__": cls.__module__,

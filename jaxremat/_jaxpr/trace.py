@@ -92,13 +92,18 @@ NNX_KWARGS = PRIVATE_KWARGS + "nnx_"
 RAISED_NOTE = "jaxremat: the model raised this when traced as "
 
 
+def tree_shapes(tree: Any) -> str:
+  """A pytree of arrays as its structure with each leaf's dtype and shape, at most 200
+  characters (e.g. ``{'logits': 'float32[32, 10]'}``)."""
+  shapes = str(jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape)}", tree))
+  return shapes[:200] + "..." if len(shapes) > 200 else shapes
+
+
 def _model_raised_note(params: Any, batch: Any, nnx: bool) -> str:
   """What jaxremat called when the model raised: the params' top-level keys, the batch's
   shapes and dtypes, and how ``model_fn`` is called (an nnx module: ``model(batch)``)."""
   keys = list(params) if isinstance(params, Mapping) else type(params).__name__
-  shapes = str(jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape)}", batch))
-  if len(shapes) > 200:
-    shapes = shapes[:200] + "..."
+  shapes = tree_shapes(batch)
   if nnx:
     return (f"{RAISED_NOTE}model(batch), batch {shapes}: "
             "batch is the module's one positional input (a tuple is passed whole); labels "
