@@ -1,4 +1,5 @@
-"""The ``jaxremat`` command line: ``demo``, ``plan MODULE:ATTR`` and ``bench``."""
+"""The ``jaxremat`` command line: ``demo``, ``plan MODULE:ATTR``, ``fit MODULE:ATTR`` and
+``bench``."""
 
 from __future__ import annotations
 
@@ -155,6 +156,35 @@ def _layer_depth(text: str) -> int | str:
   return text if text == "search" else int(text)
 
 
+def _fit_budget(text: str) -> float:
+  """``fit``'s ``--budget``: a share in (0, 1] of the activations, or bytes above 1."""
+  try:
+    return float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"not a number: {text!r} (e.g. 0.5 for half of the activations, or 2e9 bytes)") from None
+
+
+def model_inputs(spec: str, batch_shape: Sequence[int], dtype: str,
+                 model_kwargs: dict[str, Any] | None, rngs: Sequence[str],
+                 concrete: bool = False) -> tuple[nn.Module, Any, jax.Array, dict[str, Any]]:
+  """The module at ``spec``, its variables (abstract unless ``concrete``: planning
+  allocates nothing), a random batch of ``batch_shape`` and the call's keyword arguments
+  (``rngs`` named, ``mutable`` added where the model has ``batch_stats``)."""
+  model = load_model(spec)
+  x = jax.random.normal(jax.random.key(1), tuple(batch_shape)).astype(dtype)
+  kwargs: dict[str, Any] = dict(model_kwargs or {})
+  if rngs:
+    kwargs["rngs"] = {name: jax.random.key(2 + k) for k, name in enumerate(rngs)}
+  init = lambda: model.init(  # every collection
+      {"params": jax.random.key(0), **kwargs.get("rngs", {})}, x,
+      **{k: v for k, v in kwargs.items() if k not in ("rngs", "mutable")})
+  params = jax.jit(init)() if concrete else jax.eval_shape(init)
+  if "batch_stats" in params:
+    kwargs["mutable"] = ["batch_stats"]
+  return model, params, x, kwargs
+
+
 def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
              budget_bytes: int | None, layer_depth: int | str | None = None,
              model_kwargs: dict[str, Any] | None = None, rngs: Sequence[str] = (),
@@ -167,16 +197,7 @@ def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
   made two or more layers earlier) only its name, other residual bytes and FLOPs, as the
   values it passes on belong to cuts, not layers.
   """
-  model = load_model(spec)
-  x = jax.random.normal(jax.random.key(1), tuple(batch_shape)).astype(dtype)
-  kwargs: dict[str, Any] = dict(model_kwargs or {})
-  if rngs:
-    kwargs["rngs"] = {name: jax.random.key(2 + k) for k, name in enumerate(rngs)}
-  params = jax.eval_shape(lambda: model.init(  # abstract: planning allocates nothing
-      {"params": jax.random.key(0), **kwargs.get("rngs", {})}, x,  # every collection
-      **{k: v for k, v in kwargs.items() if k not in ("rngs", "mutable")}))
-  if "batch_stats" in params:
-    kwargs["mutable"] = ["batch_stats"]
+  model, params, x, kwargs = model_inputs(spec, batch_shape, dtype, model_kwargs, rngs)
   r = jaxremat.apply(model.apply, params, x, method=method, budget_bytes=budget_bytes,
                      layer_depth=layer_depth, verify=verify, target=target, **kwargs)
   chain = r.chain
@@ -196,6 +217,33 @@ def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
       "layers": layers,
   }
   return r, summary
+
+
+def run_fit(spec: str, batch_shape: Sequence[int], dtype: str, memory_budget: float,
+            layer_depth: int | None = None, model_kwargs: dict[str, Any] | None = None,
+            rngs: Sequence[str] = (), verify: bool = True, target: str | None = None,
+            time_steps: bool = False) -> tuple[jaxremat.Fitted, dict[str, Any]]:
+  """``jaxremat.fit`` of the model at ``spec`` for a batch of ``batch_shape``: abstract
+  variables unless ``time_steps`` (which runs the plans that fit, on this machine)."""
+  model, params, x, kwargs = model_inputs(spec, batch_shape, dtype, model_kwargs, rngs,
+                                          concrete=time_steps)
+  f = jaxremat.fit(model.apply, params, x, memory_budget, layer_depth=layer_depth,
+                   verify=verify, target=target, time_steps=time_steps, **kwargs)
+  summary = {
+      "model": spec, "batch_shape": list(batch_shape), "dtype": dtype,
+      "memory_budget": memory_budget, "budget_bytes": f.budget_bytes,
+      "plan": [{"layers": list(f.chain.names[c.group.start:c.group.stop]),
+                "option": c.group.option.describe(), "stored_bytes": c.stored_bytes,
+                "roofline_seconds": c.seconds} for c in f.costs],
+      "predicted_total_bytes": f.predicted_total_bytes,
+      "measured_total_bytes": f.measured_total_bytes, "no_remat_bytes": f.no_remat_bytes,
+      "fixed_bytes": f.fixed_bytes, "predicted_seconds": f.predicted_seconds,
+      "compiled_bytes": list(f.compiled), "target": f.target,
+      "timed": [{"plan": what, "measured_total_bytes": b, "step_seconds": t}
+                for what, b, t in f.timed],
+      "frontier": [{"bytes": b, "roofline_seconds": t} for b, t in f.frontier],
+  }
+  return f, summary
 
 
 def _bench_command(args: argparse.Namespace) -> int:
@@ -232,9 +280,49 @@ def _bench_command(args: argparse.Namespace) -> int:
 
 
 def _as_flags(message: str) -> str:
-  """``layer_depth=N`` and ``budget_bytes=`` in a message as the plan command's flags."""
+  """Keyword arguments in a message (``layer_depth=N``, ``budget_bytes=``,
+  ``memory_budget=``, ``time_steps=True``, ``verify=False``) as the commands' flags."""
   message = re.sub(r"\blayer_depth='?(\d+|search)'?", r"--layer-depth \1", message)
-  return message.replace("layer_depth=", "--layer-depth ").replace("budget_bytes=", "--budget ")
+  for keyword, flag in (("layer_depth=", "--layer-depth "), ("budget_bytes=", "--budget "),
+                        ("memory_budget=", "--budget "), ("time_steps=True", "--time-steps"),
+                        ("verify=False", "--no-verify")):
+    message = message.replace(keyword, flag)
+  return message
+
+
+def _model_command(args: argparse.Namespace) -> int:
+  """``jaxremat plan`` and ``jaxremat fit``: the report (or ``--json``), errors in flags."""
+  shape = [int(d) for d in args.batch_shape.split(",") if d.strip()]
+  try:
+    model_kwargs = json.loads(args.model_kwargs)
+  except json.JSONDecodeError as err:
+    print(f"jaxremat {args.command}: --model-kwargs is not JSON ({err}): "
+          f"{args.model_kwargs!r}", file=sys.stderr)
+    return 2
+  rngs = [n for n in args.rngs.split(",") if n]
+  try:
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      result: jaxremat.Remat | jaxremat.Fitted
+      if args.command == "plan":
+        result, summary = run_plan(args.model, shape, args.dtype, args.method, args.budget,
+                                   layer_depth=args.layer_depth, model_kwargs=model_kwargs,
+                                   rngs=rngs, verify=True if args.verify else None,
+                                   target=args.target)
+      else:
+        result, summary = run_fit(args.model, shape, args.dtype, args.budget,
+                                  layer_depth=args.layer_depth, model_kwargs=model_kwargs,
+                                  rngs=rngs, verify=not args.no_verify, target=args.target,
+                                  time_steps=args.time_steps)
+  except jaxremat.JaxrematError as err:
+    print(f"jaxremat {args.command}: {type(err).__name__}: {_as_flags(str(err))}",
+          file=sys.stderr)
+    return 2
+  for w in caught:  # in the CLI's words: --layer-depth N, not layer_depth=N
+    print(f"jaxremat {args.command}: {w.category.__name__}: {_as_flags(str(w.message))}",
+          file=sys.stderr)
+  print(json.dumps(summary, indent=2) if args.json else result.report())
+  return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -246,11 +334,22 @@ def main(argv: Sequence[str] | None = None) -> int:
   demo.add_argument("--batch", type=int, default=32)
   demo.add_argument("--image-size", type=int, default=32)
   demo.add_argument("--json", action="store_true", help="print the result as JSON")
-  plan = sub.add_parser("plan", help="profile a Flax model by import path and print its plan")
-  plan.add_argument("model", help="MODULE:ATTR, a flax.linen Module or a callable returning one")
-  plan.add_argument("--batch-shape", required=True,
-                    help="comma-separated input shape, batch first (e.g. 32,32,32,3)")
-  plan.add_argument("--dtype", default="float32")
+  model_args = argparse.ArgumentParser(add_help=False)  # the model: plan's and fit's
+  model_args.add_argument("model", help="MODULE:ATTR, a flax.linen Module or a callable "
+                          "returning one")
+  model_args.add_argument("--batch-shape", required=True,
+                          help="comma-separated input shape, batch first (e.g. 32,32,32,3)")
+  model_args.add_argument("--dtype", default="float32")
+  model_args.add_argument("--model-kwargs", default="{}",
+                          help='JSON keyword arguments for model.apply, e.g. \'{"train": true}\'')
+  model_args.add_argument("--rngs", default="",
+                          help="comma-separated rng stream names the model needs, e.g. dropout")
+  model_args.add_argument("--target", help="plan for this GPU from any machine: h100, h200, "
+                          "a100 or a target-config file (needs JAX's CUDA plugin and "
+                          "JAX_PLATFORMS=cpu)")
+  model_args.add_argument("--json", action="store_true", help="print the plan as JSON")
+  plan = sub.add_parser("plan", parents=[model_args],
+                        help="profile a Flax model by import path and print its plan")
   plan.add_argument("--method", default="optimal")
   plan.add_argument("--budget", type=_budget_bytes, default=None,
                     help="whole-step budget in bytes (e.g. 2e9)")
@@ -258,15 +357,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="name-stack depth of a layer (default: found automatically, the "
                     "root module's children split where they are large), or 'search': "
                     "also plan one and two levels below and keep what XLA measures least")
-  plan.add_argument("--model-kwargs", default="{}",
-                    help='JSON keyword arguments for model.apply, e.g. \'{"train": true}\'')
-  plan.add_argument("--rngs", default="",
-                    help="comma-separated rng stream names the model needs, e.g. dropout")
-  plan.add_argument("--target", help="plan for this GPU from any machine: h100, h200, a100 or a "
-                    "target-config file (needs JAX's CUDA plugin and JAX_PLATFORMS=cpu)")
   plan.add_argument("--verify", action="store_true",
                     help="compile the leading candidate plans and keep XLA's smallest")
-  plan.add_argument("--json", action="store_true", help="print the plan and profile as JSON")
+  fit = sub.add_parser("fit", parents=[model_args],
+                       help="the fastest plan, per residual, whose step fits a memory budget")
+  fit.add_argument("--budget", type=_fit_budget, required=True,
+                   help="a share in (0, 1] of the activations (0.5: half of them) or the "
+                   "whole step's bytes (e.g. 2e9)")
+  fit.add_argument("--layer-depth", type=int, default=None,
+                   help="name-stack depth of a layer (default: found automatically)")
+  fit.add_argument("--no-verify", action="store_true",
+                   help="the prediction alone: compile nothing")
+  fit.add_argument("--time-steps", action="store_true",
+                   help="initialise the model, run the plans that fit on this machine and "
+                   "return the fastest measured")
   bench = sub.add_parser("bench", help="measure every strategy on zoo models with XLA (slow)")
   bench.add_argument("--models", help="comma-separated, from: " + ", ".join(_bench.MODELS)
                      + f" (default: all; with --quick: {','.join(_bench.QUICK_MODELS)})")
@@ -277,30 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   if args.command == "bench":
     return _bench_command(args)
-  if args.command == "plan":
-    shape = [int(d) for d in args.batch_shape.split(",") if d.strip()]
-    try:
-      model_kwargs = json.loads(args.model_kwargs)
-    except json.JSONDecodeError as err:
-      print(f"jaxremat plan: --model-kwargs is not JSON ({err}): {args.model_kwargs!r}",
-            file=sys.stderr)
-      return 2
-    try:
-      with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        r, summary = run_plan(args.model, shape, args.dtype, args.method,
-                              args.budget,
-                              layer_depth=args.layer_depth, model_kwargs=model_kwargs,
-                              rngs=[n for n in args.rngs.split(",") if n],
-                              verify=True if args.verify else None, target=args.target)
-    except jaxremat.JaxrematError as err:
-      print(f"jaxremat plan: {type(err).__name__}: {_as_flags(str(err))}", file=sys.stderr)
-      return 2
-    for w in caught:  # in the CLI's words: --layer-depth N, not layer_depth=N
-      print(f"jaxremat plan: {w.category.__name__}: {_as_flags(str(w.message))}",
-            file=sys.stderr)
-    print(json.dumps(summary, indent=2) if args.json else r.report())
-    return 0
+  if args.command in ("plan", "fit"):
+    return _model_command(args)
   if args.command == "demo":
     result = run_demo(args.model, args.width, args.batch, args.image_size)
     print(json.dumps(result, indent=2) if args.json else format_demo(result))

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 import jaxremat
 from jaxremat import _bench, cli
+from jaxremat._api.loss import training_loss
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
 
@@ -37,6 +38,37 @@ def test_plan_refuses_a_fraction_as_a_budget(capsys):
   with pytest.raises(SystemExit):
     cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3", "--budget", "0.5"])
   assert "0.5 is a fraction; the budget is in bytes" in capsys.readouterr().err
+
+
+def test_fit_meets_a_share_of_the_activations_and_says_so_in_json(capsys):
+  args = ["fit", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3", "--budget", "0.5"]
+  assert cli.main(args) == 0
+  assert "within the budget" in capsys.readouterr().out
+  assert cli.main([*args, "--json"]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  fixed, no_remat = summary["fixed_bytes"], summary["no_remat_bytes"]
+  assert summary["budget_bytes"] == fixed + int(0.5 * (no_remat - fixed))
+  assert summary["measured_total_bytes"] <= summary["budget_bytes"]
+  # the plan's groups cover every layer once, in order
+  names = [name for group in summary["plan"] for name in group["layers"]]
+  assert len(names) == len(set(names)) >= 20
+  # XLA's figure of the returned plan, by a compile of its own
+  model, params, x, _ = cli.model_inputs("jaxremat.zoo:all_conv", (4, 16, 16, 3), "float32",
+                                         {}, (), concrete=True)
+  f = jaxremat.fit(model.apply, params, x, 0.5, time_steps=False)
+  footprint = jaxremat.measure(training_loss(f.fn, {}), params, x).total_bytes
+  assert footprint == summary["measured_total_bytes"]
+
+
+def test_fit_with_an_infeasible_budget_names_the_least_in_flags(capsys):
+  args = ["fit", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3", "--budget", "0.01"]
+  assert cli.main(args) == 2
+  err = capsys.readouterr().err
+  assert "InfeasibleBudgetError: no plan fits" in err and "the least footprint found is" in err
+  assert "--budget 0.01 is the fixed" in err  # the flag, not memory_budget=0.01
+  with pytest.raises(SystemExit):
+    cli.main(["fit", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3", "--budget", "half"])
+  assert "not a number: 'half'" in capsys.readouterr().err
 
 
 def test_plan_takes_mutable_in_the_model_kwargs(tmp_path, monkeypatch, capsys):
