@@ -118,6 +118,8 @@ def test_fit_times_the_fitting_plans_and_returns_the_fastest_measured():
   assert seconds == sorted(seconds) and all(s > 0 for s in seconds)
   assert all(total <= f.budget_bytes for _, total, _ in f.timed)
   assert len({what for what, _, _ in f.timed}) == len(f.timed)
+  assert f.timing_spread is not None and f.timing_spread >= 0
+  assert f"up to {100 * f.timing_spread:.0f}% slower than its least" in f.report()
   # The returned plan is the first timed one: XLA's footprint of its fn, re-measured.
   loss = training_loss(f.fn, {})
   assert jaxremat.measure(loss, params, x).total_bytes == f.measured_total_bytes == f.timed[0][1]

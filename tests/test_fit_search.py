@@ -209,3 +209,20 @@ def test_after_a_fit_the_dp_walks_below_a_layer_plan_that_missed():
   offered = search.next()  # the next plan of the frontier below the one compiled
   assert offered is not None and sum(c.seconds for c in offered) == 1.0
 
+
+
+def test_below_every_plan_the_dp_offers_its_least_peak_once_for_xla_to_judge():
+  # Recomputing all three layers peaks at 3 bytes, the least; the allowance is 2. XLA may
+  # fit it all the same (a GPT's failing fit named a plan above it as the least found).
+  search = _dp_search(allowed=2)
+  least = search.next()
+  assert [c.group.option.kind for c in least] == [RECOMPUTE] * N
+  assert search.least == 3
+  search.failed(least, excess_bytes=1)
+  assert search.next() is None  # compiled once: not offered again
+  # judged by the prediction alone (verify=False), a plan above the allowance is never offered
+  judged = Search(_per_layer_costs(), N, 0, allowed=2, scale=1.0,
+                  layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
+                  xla_judges=False)
+  judged.layer_plans.current = None
+  assert judged.next() is None

@@ -56,3 +56,10 @@ def test_where_doubling_adds_no_time_the_rate_is_the_largest_run_s_lower_bound()
   assert measured == pytest.approx(4096**3 / run_seconds(4096))
   times = iter([1e-4, 0.9e-4, 0.95e-4])  # no slower at twice and four times the work
   assert measured_rate(lambda n: next(times), float, 1, 4) == pytest.approx(4 / 0.95e-4)
+
+
+def test_a_steps_spread_is_its_median_time_over_its_least():
+  from jaxremat._backends.step_time import spread
+  assert spread([0.2, 0.1, 0.15]) == pytest.approx(0.5)  # median 0.15 over least 0.1
+  assert spread([0.1, 0.3, 0.3, 0.1]) == pytest.approx(2.0)  # upper median of an even count
+  assert spread([0.25]) == 0.0

@@ -33,7 +33,7 @@ from jaxremat._backends.policy_options import LayerOptions, OptionCosts, group_c
 from jaxremat._backends.plain_step import compile_replay
 from jaxremat._backends.replay import Replay
 from jaxremat._backends.roofline import roofline_for
-from jaxremat._backends.step_time import best_step_seconds
+from jaxremat._backends.step_time import ROUNDS, RUNS, spread, step_seconds
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
@@ -77,6 +77,9 @@ class Fitted:
     target: the GPU target planned for, or None for the local backend.
     timed: with ``time_steps``: ``(what, XLA bytes, step seconds)`` of each plan that
       fits and was timed on this machine, the returned one first; else empty.
+    timing_spread: with ``time_steps``: how far the median of a timed plan's runs lies
+      above their least, the largest over the plans (a share, 0.1 = 10%): step times
+      closer than that are within this machine's noise; else None.
     stage_seconds: wall time of each stage (seconds).
   """
 
@@ -94,6 +97,7 @@ class Fitted:
   frontier: tuple[tuple[int, float], ...]
   target: str | None = None
   timed: tuple[tuple[str, int, float], ...] = ()
+  timing_spread: float | None = None
   stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def report(self) -> str:
@@ -125,6 +129,10 @@ class Fitted:
     for k, (what, total, seconds) in enumerate(self.timed):
       lines.append(f"{'returned' if k == 0 else 'timed':<9}{what:<34}{fmt_bytes(total):>12}"
                    f"{seconds * 1e3:>10.2f} ms per step (measured)")
+    if self.timed and self.timing_spread is not None:
+      lines.append(f"(the least of {ROUNDS * RUNS} runs each; a plan's median run was up to "
+                   f"{100 * self.timing_spread:.0f}% slower than its least: step times closer "
+                   "than that are within this machine's noise)")
     points = [f"{fmt_bytes(b)}: {s * 1e3:.3f}" for b, s in self.frontier]
     xla = not isinstance(self.chain, Chain) and self.measured_total_bytes is not None
     lines.append(f"frontier ({'XLA' if xla else 'predicted'} footprint: roofline ms):")
@@ -245,9 +253,13 @@ def fit(
 
   steps: dict[PolicyPlan, Any] = {}  # compiled steps kept to time them
 
+  spreads: list[float] = []  # of each timed plan's runs (median over least)
+
   def time_plans(plans: list[PolicyPlan]) -> list[float]:  # seconds per step, measured
     with clock("time"):
-      return best_step_seconds([steps[p] for p in plans], (params, batch, arrays))
+      times = step_seconds([steps[p] for p in plans], (params, batch, arrays))
+    spreads.extend(spread(t) for t in times)
+    return [min(t) for t in times]
 
   def measured(plan: Plan | PolicyPlan, as_written: bool = False) -> int:
     with clock("compile"):
@@ -292,6 +304,7 @@ def fit(
         measured_total_bytes=found.footprint, compiled=found.compiled,
         frontier=tuple((b, t) for b, t, _ in pareto([(*p, None) for p in found.points])),
         target=resolved.name if resolved else None, timed=found.timed,
+        timing_spread=max(spreads, default=None),
         stage_seconds=dict(clock.seconds))
   with clock("profile"):
     chain = planner.chain
@@ -380,6 +393,7 @@ def fit(
       predicted_seconds=sum(c.seconds for c in chosen), measured_total_bytes=footprint,
       compiled=tuple(compiled), frontier=frontier,
       target=resolved.name if resolved else None, timed=tuple(timings),
+      timing_spread=max(spreads, default=None),
       stage_seconds=dict(clock.seconds))
 
 

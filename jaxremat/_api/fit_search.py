@@ -153,7 +153,9 @@ class Search:
   XLA keeps surprising one way need not use up every compile. Once a plan (of either)
   fits, only plans predicted faster are offered, and the DP's allowance grows by the
   bytes XLA left unused or by those it was predicted over, the more (short of any
-  allowance that missed): where the prediction was high, a faster plan may fit too."""
+  allowance that missed): where the prediction was high, a faster plan may fit too.
+  Where the DP finds no plan within the allowance, it offers its plan of least predicted
+  peak (XLA judges the fit) until one fits."""
 
   def __init__(self, costs: list[GroupCost], n: int, final: int, allowed: int, scale: float,
                layer_plans: LayerPlans, xla_judges: bool):
@@ -166,6 +168,7 @@ class Search:
     self._ceiling: int | None = None  # the least allowance whose DP plan missed
     self._missed_by: dict[tuple[GroupCost, ...], int] = {}  # XLA's excess, groups' scale
     self._misses = {"dp": 0, "layers": 0}
+    self._least_peak_plan: tuple[GroupCost, ...] | None = None
 
   def _solved(self) -> tuple[GroupCost, ...] | None:
     for _ in range(64):
@@ -173,7 +176,7 @@ class Search:
         groups = solve_policy(self.costs, self.n, self.allowed, self.final)
       except InfeasibleBudgetError as err:
         self.least = err.min_feasible_bytes
-        return None
+        return self._least_peak()
       if groups not in self.tried:
         return groups
       if self.fastest is not None and _seconds(groups) >= self.fastest:
@@ -183,6 +186,17 @@ class Search:
       below = peak_bytes(groups, self.final) - self._missed_by.get(groups, 0)
       self.allowed = min(self.allowed, below) - 1
     return None
+
+  def _least_peak(self) -> tuple[GroupCost, ...] | None:
+    """Where XLA judges, nothing is predicted within the allowance and nothing fitted yet:
+    the DP's plan of least predicted peak (the frontier's first point), until compiled.
+    XLA may fit it all the same, and a failing fit names the least footprint it found (a
+    GPT's named a plan 1.1% above this one, which a fit at a larger budget returned)."""
+    if not self.xla_judges or self.fastest is not None:
+      return None
+    if self._least_peak_plan is None:
+      self._least_peak_plan = solve_policy(self.costs, self.n, self.least, self.final)
+    return None if self._least_peak_plan in self.tried else self._least_peak_plan
 
   def next(self) -> tuple[GroupCost, ...] | None:
     self.layer_plans.skip(self.tried, self.fastest)

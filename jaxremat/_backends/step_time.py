@@ -8,22 +8,37 @@ from typing import Any
 
 import jax
 
+ROUNDS, RUNS = 3, 3  # turns the steps take, calls of each step per turn
 
-def best_step_seconds(steps: Sequence[Callable[..., Any]], args: Sequence[Any],
-                      rounds: int = 3, runs: int = 3) -> list[float]:
-  """The least wall time (seconds) of each compiled step called on ``args``.
+
+def step_seconds(steps: Sequence[Callable[..., Any]], args: Sequence[Any],
+                 rounds: int = ROUNDS, runs: int = RUNS) -> list[list[float]]:
+  """The wall times (seconds) of ``rounds * runs`` calls of each compiled step on ``args``.
 
   Each step runs once to warm up, then the steps take turns, ``rounds`` times ``runs``
-  calls each, so that a shared machine's slow spells fall on every step alike. The
-  least time is kept: noise only adds to a step's time.
+  calls each, so that a shared machine's slow spells fall on every step alike.
   """
   for step in steps:
     jax.block_until_ready(step(*args))
-  best = [float("inf")] * len(steps)
+  times: list[list[float]] = [[] for _ in steps]
   for _ in range(rounds):
     for k, step in enumerate(steps):
       for _ in range(runs):
         start = time.perf_counter()
         jax.block_until_ready(step(*args))
-        best[k] = min(best[k], time.perf_counter() - start)
-  return best
+        times[k].append(time.perf_counter() - start)
+  return times
+
+
+def best_step_seconds(steps: Sequence[Callable[..., Any]], args: Sequence[Any],
+                      rounds: int = ROUNDS, runs: int = RUNS) -> list[float]:
+  """The least wall time (seconds) of each compiled step, of ``step_seconds``' calls:
+  noise only adds to a step's time."""
+  return [min(t) for t in step_seconds(steps, args, rounds, runs)]
+
+
+def spread(times: Sequence[float]) -> float:
+  """How far a step's median time is above its least (a share): differences between
+  steps' least times below it are within the machine's noise."""
+  ordered = sorted(times)
+  return ordered[len(ordered) // 2] / ordered[0] - 1
