@@ -138,4 +138,14 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         f"| {r['predicted_bytes'] / 2**20:.2f} | {r['model_r_bytes'] / 2**20:.2f} "
         f"| {r['measured_bytes'] / 2**20:.2f} | {err:+.1f}% | {versus} "
         f"| {r['recompute_flops'] / 1e9:.4f} |")
-  return "\n".join(lines)
+  return "\n".join(lines) + "\n\n" + STRATEGY_NOTE
+
+
+#: What each strategy of the table is, printed under it.
+STRATEGY_NOTE = (
+    "sqrt, best-uniform and optimal are solved on the profile's bytes alone (model R, "
+    "`jaxremat.solve(r.chain, method)`), so XLA can rank them otherwise: a best-uniform "
+    "plan can measure below optimal's. apply-default is what `jaxremat.apply` returns: "
+    "model R's optima refined on the backend's estimate and confirmed by XLA's compiles. "
+    f"{BEST_UNIFORM_XLA} is the checkpoint-every-k plan XLA measures least, every k "
+    "compiled (not with --quick).")
