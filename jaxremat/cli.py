@@ -322,6 +322,14 @@ def _model_command(args: argparse.Namespace) -> int:
     print(f"jaxremat {args.command}: {w.category.__name__}: {_as_flags(str(w.message))}",
           file=sys.stderr)
   print(json.dumps(summary, indent=2) if args.json else result.report())
+  if getattr(args, "plot", None):
+    assert isinstance(result, jaxremat.Fitted)
+    try:
+      result.plot_frontier(args.plot)
+    except ImportError as err:
+      print(f"jaxremat fit: {err}", file=sys.stderr)
+      return 2
+    print(f"jaxremat fit: drew the frontier to {args.plot}", file=sys.stderr)
   return 0
 
 
@@ -368,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="name-stack depth of a layer (default: found automatically)")
   fit.add_argument("--no-verify", action="store_true",
                    help="the prediction alone: compile nothing")
+  fit.add_argument("--plot", metavar="PATH", help="also draw the memory-versus-time "
+                   "frontier to PATH (.png, .svg, .pdf; needs matplotlib)")
   fit.add_argument("--time-steps", action="store_true",
                    help="initialise the model, run the plans that fit on this machine and "
                    "return the fastest measured")

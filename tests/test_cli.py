@@ -40,10 +40,11 @@ def test_plan_refuses_a_fraction_as_a_budget(capsys):
   assert "0.5 is a fraction; the budget is in bytes" in capsys.readouterr().err
 
 
-def test_fit_meets_a_share_of_the_activations_and_says_so_in_json(capsys):
+def test_fit_meets_a_share_of_the_activations_and_says_so_in_json(capsys, tmp_path):
   args = ["fit", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3", "--budget", "0.5"]
-  assert cli.main(args) == 0
+  assert cli.main([*args, "--plot", str(tmp_path / "frontier.png")]) == 0
   assert "within the budget" in capsys.readouterr().out
+  assert (tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
   assert cli.main([*args, "--json"]) == 0
   summary = json.loads(capsys.readouterr().out)
   fixed, no_remat = summary["fixed_bytes"], summary["no_remat_bytes"]

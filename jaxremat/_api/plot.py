@@ -16,7 +16,8 @@ def _pyplot():
     import matplotlib
   except ImportError:
     raise ImportError(
-        'Remat.plot needs matplotlib, which is not installed: pip install "jaxremat[plot]"'
+        'plotting (Remat.plot, Fitted.plot_frontier) needs matplotlib, which is not '
+        'installed: pip install "jaxremat[plot]"'
     ) from None
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
