@@ -98,43 +98,46 @@ def format_demo(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def load_model(spec: str) -> Any:
+def load_model(spec: str, command: str = "plan") -> Any:
   """``MODULE:ATTR`` -> a Flax module: the attribute itself, or what calling it returns.
 
   ``MODULE`` is imported as ``python -m`` would: the current directory comes first on the
-  path, so a local ``models.py`` is found without ``PYTHONPATH``.
+  path, so a local ``models.py`` is found without ``PYTHONPATH``. Errors name
+  ``jaxremat {command}``.
   """
+  this = f"jaxremat {command}"
   module_name, _, attr = spec.partition(":")
   if not module_name or not attr:
-    raise SystemExit(f"jaxremat plan: expected MODULE:ATTR (e.g. jaxremat.zoo:all_conv), got {spec!r}")
+    raise SystemExit(f"{this}: expected MODULE:ATTR (e.g. jaxremat.zoo:all_conv), got {spec!r}")
   if os.getcwd() not in sys.path and "" not in sys.path:
     sys.path.insert(0, os.getcwd())
   try:
     target: Any = importlib.import_module(module_name)
   except ImportError as err:
-    raise SystemExit(f"jaxremat plan: cannot import {module_name!r} ({err}); run from the "
+    raise SystemExit(f"{this}: cannot import {module_name!r} ({err}); run from the "
                      "directory that holds it, or install it.") from None
   for part in attr.split("."):
     if not hasattr(target, part):
-      raise SystemExit(f"jaxremat plan: {module_name!r} has no attribute {attr!r}.")
+      raise SystemExit(f"{this}: {module_name!r} has no attribute {attr!r}.")
     target = getattr(target, part)
-  nnx_hint = ("jaxremat plan takes flax.linen modules; plan a flax.nnx module in Python "
-              "with jaxremat.apply_nnx(model, batch)")
+  in_python = ("jaxremat.fit_nnx(model, batch, memory_budget)" if command == "fit"
+               else "jaxremat.apply_nnx(model, batch)")
+  nnx_hint = f"{this} takes flax.linen modules; plan a flax.nnx module in Python with {in_python}"
   if isinstance(target, nn.Module):
     return target
   if isinstance(target, nnx.Module) or (isinstance(target, type)
                                         and issubclass(target, nnx.Module)):
-    raise SystemExit(f"jaxremat plan: {spec} is a flax.nnx module: {nnx_hint}.")
+    raise SystemExit(f"{this}: {spec} is a flax.nnx module: {nnx_hint}.")
   try:
     model = target()
   except TypeError as err:  # a class or function that needs arguments
-    raise SystemExit(f"jaxremat plan: calling {spec}() failed ({err}): give the module "
+    raise SystemExit(f"{this}: calling {spec}() failed ({err}): give the module "
                      "itself, or a function of no arguments that returns it.") from None
   if isinstance(model, nnx.Module):
-    raise SystemExit(f"jaxremat plan: {spec} gave a flax.nnx module ({type(model).__name__}): "
+    raise SystemExit(f"{this}: {spec} gave a flax.nnx module ({type(model).__name__}): "
                      f"{nnx_hint}.")
   if not isinstance(model, nn.Module):
-    raise SystemExit(f"jaxremat plan: {spec} gave a {type(model).__name__}, not a flax.linen Module")
+    raise SystemExit(f"{this}: {spec} gave a {type(model).__name__}, not a flax.linen Module")
   return model
 
 
@@ -167,11 +170,12 @@ def _fit_budget(text: str) -> float:
 
 def model_inputs(spec: str, batch_shape: Sequence[int], dtype: str,
                  model_kwargs: dict[str, Any] | None, rngs: Sequence[str],
-                 concrete: bool = False) -> tuple[nn.Module, Any, jax.Array, dict[str, Any]]:
+                 concrete: bool = False, command: str = "plan"
+                 ) -> tuple[nn.Module, Any, jax.Array, dict[str, Any]]:
   """The module at ``spec``, its variables (abstract unless ``concrete``: planning
   allocates nothing), a random batch of ``batch_shape`` and the call's keyword arguments
   (``rngs`` named, ``mutable`` added where the model has ``batch_stats``)."""
-  model = load_model(spec)
+  model = load_model(spec, command)
   x = jax.random.normal(jax.random.key(1), tuple(batch_shape)).astype(dtype)
   kwargs: dict[str, Any] = dict(model_kwargs or {})
   if rngs:
@@ -226,7 +230,7 @@ def run_fit(spec: str, batch_shape: Sequence[int], dtype: str, memory_budget: fl
   """``jaxremat.fit`` of the model at ``spec`` for a batch of ``batch_shape``: abstract
   variables unless ``time_steps`` (which runs the plans that fit, on this machine)."""
   model, params, x, kwargs = model_inputs(spec, batch_shape, dtype, model_kwargs, rngs,
-                                          concrete=time_steps)
+                                          concrete=time_steps, command="fit")
   f = jaxremat.fit(model.apply, params, x, memory_budget, layer_depth=layer_depth,
                    verify=verify, target=target, time_steps=time_steps, **kwargs)
   summary = {

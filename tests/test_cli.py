@@ -191,6 +191,8 @@ def test_plan_points_an_nnx_module_to_apply_nnx(tmp_path, monkeypatch):
       cli.main(["plan", spec, "--batch-shape", "2,4"])
   with pytest.raises(SystemExit, match=r"calling nnx_net:sized\(\) failed.*'width'"):
     cli.load_model("nnx_net:sized")
+  with pytest.raises(SystemExit, match=r"^jaxremat fit: .*flax\.nnx module.*jaxremat\.fit_nnx"):
+    cli.main(["fit", "nnx_net:make", "--batch-shape", "2,4", "--budget", "0.5"])
 
 
 def test_plan_warnings_name_the_commands_flags(tmp_path, monkeypatch, capsys):
