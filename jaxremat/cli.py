@@ -22,6 +22,7 @@ from flax import nnx
 import jaxremat
 from jaxremat import _bench, zoo
 from jaxremat._api.loss import training_loss
+from jaxremat._jaxpr.trace import flax_hint
 
 DEMO_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "apply")
 DEMO_MODELS = ("all-conv", *sorted(zoo.VGG_CONFIGS))
@@ -150,7 +151,7 @@ def _budget_bytes(text: str) -> int:
   if 0 < value < 1:
     raise argparse.ArgumentTypeError(
         f"{text} is a fraction; the budget is in bytes (e.g. 2e9). For a fraction of the "
-        "activations, use jaxremat.fit(model_fn, params, batch, 0.5) in Python.")
+        f"activations: jaxremat fit MODULE:ATTR --batch-shape ... --budget {text}.")
   return int(value)
 
 
@@ -284,19 +285,59 @@ def _bench_command(args: argparse.Namespace) -> int:
 
 
 def _as_flags(message: str) -> str:
-  """Keyword arguments in a message (``layer_depth=N``, ``budget_bytes=``,
-  ``memory_budget=``, ``time_steps=True``, ``verify=False``) as the commands' flags."""
+  """Keyword arguments in a message (``layer_depth=N``, ``budget_bytes``,
+  ``memory_budget``, ``time_steps=True``, ``verify=False``, apply's ``verify=True``) as
+  the commands' flags."""
   message = re.sub(r"\blayer_depth='?(\d+|search)'?", r"--layer-depth \1", message)
-  for keyword, flag in (("layer_depth=", "--layer-depth "), ("budget_bytes=", "--budget "),
-                        ("memory_budget=", "--budget "), ("time_steps=True", "--time-steps"),
-                        ("verify=False", "--no-verify")):
+  message = re.sub(r"\b(budget_bytes|memory_budget)(=| )", lambda m: "--budget ", message)
+  for keyword, flag in (("layer_depth=", "--layer-depth "), ("time_steps=True", "--time-steps"),
+                        ("verify=False", "--no-verify"),
+                        ("jaxremat.apply(..., verify=True) (apply_nnx for an nnx module)",
+                         "jaxremat plan --verify")):
     message = message.replace(keyword, flag)
   return message
 
 
+def _batch_shape(text: str) -> list[int]:
+  """``--batch-shape``: comma-separated positive ints."""
+  try:
+    shape = [int(d) for d in text.split(",") if d.strip()]
+  except ValueError:
+    shape = []
+  if not shape or min(shape) < 1:
+    raise argparse.ArgumentTypeError(
+        f"not a shape: {text!r}; expected comma-separated sizes, batch first (e.g. 32,32,32,3)")
+  return shape
+
+
+def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None:
+  """jaxremat's warnings in the CLI's words (``--layer-depth N``, not ``layer_depth=N``);
+  others (a library's deprecations) as they are, each once."""
+  seen = set()
+  for w in caught:
+    if w.category.__module__.startswith("jaxremat") or str(w.message).startswith("jaxremat"):
+      print(f"jaxremat {command}: {w.category.__name__}: {_as_flags(str(w.message))}",
+            file=sys.stderr)
+    elif (w.category, str(w.message)) not in seen:
+      seen.add((w.category, str(w.message)))
+      print(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}", file=sys.stderr)
+
+
+def _flag_hint(err: Exception) -> str:
+  """flax's errors of a call missing its arguments (``flax_hint``) in the CLI's flags."""
+  if not flax_hint(err):
+    return ""
+  if type(err).__name__ == "InvalidRngError":
+    stream = re.search(r'PRNG for "([^"]+)"', str(err))
+    return f"Name its rng stream: --rngs {stream.group(1) if stream else 'dropout'}."
+  found = re.search(r'collection "([^"]+)"', str(err))
+  name = found.group(1) if found else "batch_stats"
+  return f"""Make the collection mutable: --model-kwargs '{{"mutable": ["{name}"]}}'."""
+
+
 def _model_command(args: argparse.Namespace) -> int:
   """``jaxremat plan`` and ``jaxremat fit``: the report (or ``--json``), errors in flags."""
-  shape = [int(d) for d in args.batch_shape.split(",") if d.strip()]
+  shape = args.batch_shape
   try:
     model_kwargs = json.loads(args.model_kwargs)
   except json.JSONDecodeError as err:
@@ -322,10 +363,15 @@ def _model_command(args: argparse.Namespace) -> int:
     print(f"jaxremat {args.command}: {type(err).__name__}: {_as_flags(str(err))}",
           file=sys.stderr)
     return 2
-  for w in caught:  # in the CLI's words: --layer-depth N, not layer_depth=N
-    print(f"jaxremat {args.command}: {w.category.__name__}: {_as_flags(str(w.message))}",
-          file=sys.stderr)
-  print(json.dumps(summary, indent=2) if args.json else result.report())
+  except Exception as err:  # the model's own: flax's two of a call missing its arguments
+    hint = _flag_hint(err)
+    if not hint:
+      raise
+    print(f"jaxremat {args.command}: the model raised {type(err).__name__}: "
+          f"{str(err).splitlines()[0]} {hint}", file=sys.stderr)
+    return 2
+  _print_warnings(args.command, caught)
+  print(json.dumps(summary, indent=2) if args.json else _as_flags(result.report()))
   if getattr(args, "plot", None):
     assert isinstance(result, jaxremat.Fitted)
     try:
@@ -349,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   model_args = argparse.ArgumentParser(add_help=False)  # the model: plan's and fit's
   model_args.add_argument("model", help="MODULE:ATTR, a flax.linen Module or a callable "
                           "returning one")
-  model_args.add_argument("--batch-shape", required=True,
+  model_args.add_argument("--batch-shape", required=True, type=_batch_shape,
                           help="comma-separated input shape, batch first (e.g. 32,32,32,3)")
   model_args.add_argument("--dtype", default="float32")
   model_args.add_argument("--model-kwargs", default="{}",

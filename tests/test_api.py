@@ -220,6 +220,27 @@ def test_an_error_the_model_raises_when_traced_says_how_model_fn_is_called():
     assert "float32[4, 12]" in note
 
 
+def test_flaxs_errors_of_a_missing_rng_or_mutable_say_what_to_pass():
+  # a user's trial: train=True without rngs=, BatchNorm in training without mutable=
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+      x = nn.BatchNorm(use_running_average=not train)(nn.Dense(8)(x))
+      return nn.Dense(4)(nn.Dropout(0.5, deterministic=not train)(x))
+
+  x = jnp.ones((4, 12))
+  params = Net().init(jax.random.key(0), x)
+  cases = (({"train": True, "mutable": ["batch_stats"]},
+            "pass rngs={'dropout': jax.random.key(0)}"),
+           ({"train": True, "rngs": {"dropout": jax.random.key(1)}},
+            "pass mutable=['batch_stats']"))
+  for kwargs, hint in cases:
+    with pytest.raises(Exception) as raised:
+      jaxremat.apply(Net().apply, params, x, **kwargs)
+    note = "\n".join(getattr(raised.value, "__notes__", []))
+    assert hint in note and "to jaxremat as to model.apply" in note
+
+
 def test_an_error_an_nnx_module_raises_when_traced_says_labels_go_in_loss_fn():
   model = nnx.Linear(12, 8, rngs=nnx.Rngs(0))
   x = jnp.ones((4, 12))

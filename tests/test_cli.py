@@ -214,3 +214,22 @@ def test_plan_warnings_name_the_commands_flags(tmp_path, monkeypatch, capsys):
                    "--layer-depth", "1"]) == 0
   err = capsys.readouterr().err
   assert "NoSavingWarning" in err and "--layer-depth" in err and "layer_depth=" not in err
+
+
+def test_fit_says_in_flags_what_a_models_call_or_a_budget_lacks(tmp_path, monkeypatch, capsys):
+  """A user's trial: a missing --rngs gave flax's 40-line traceback; a bad --batch-shape
+  a traceback; errors and reports named Python's keywords (memory_budget, verify=False)."""
+  (tmp_path / "local_net.py").write_text(LOCAL_MODEL)
+  monkeypatch.chdir(tmp_path)
+  args = ["fit", "local_net:Net", "--batch-shape", "8,16", "--model-kwargs", '{"train": true}']
+  assert cli.main([*args, "--budget", "0.5"]) == 2
+  err = capsys.readouterr().err
+  assert "the model raised InvalidRngError" in err and "--rngs dropout" in err
+  assert cli.main([*args, "--rngs", "dropout", "--budget", "0"]) == 2
+  assert "--budget must be" in capsys.readouterr().err
+  assert cli.main([*args, "--rngs", "dropout", "--budget", "0.5", "--no-verify"]) == 0
+  report = capsys.readouterr().out
+  assert "not compiled (--no-verify)" in report and "verify=False" not in report
+  with pytest.raises(SystemExit):
+    cli.main(["fit", "local_net:Net", "--batch-shape", "8,abc", "--budget", "0.5"])
+  assert "not a shape: '8,abc'" in capsys.readouterr().err

@@ -189,6 +189,10 @@ CASES = [
          jaxremat.InvalidArgumentError,
          r"model_fn is a Flax module \(\w+\), not its apply function: call "
          r"jaxremat.apply\(model.apply, params, batch\)"),
+    Case("fit-model-is-a-module", lambda: jaxremat.fit(mlp()[0], mlp()[1], X, 0.5),
+         jaxremat.InvalidArgumentError,
+         r"model_fn is a Flax module \(\w+\), not its apply function: call "
+         r"jaxremat.fit\(model.apply, params, batch, memory_budget\)"),
     Case("model-is-an-nnx-module",
          lambda: jaxremat.apply(nnx.Linear(4, 8, rngs=nnx.Rngs(0)), {}, X),
          jaxremat.InvalidArgumentError, r"model_fn is an nnx module \(Linear\).*apply_nnx"),

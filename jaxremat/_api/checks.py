@@ -85,8 +85,10 @@ def check_given(entry: str, **arguments: Any) -> None:
         "positional arguments.")
 
 
-def check_model_fn(model_fn: Callable[..., Any], nnx_entry: str = "apply_nnx(model, batch)"
-                   ) -> None:
+def check_model_fn(model_fn: Callable[..., Any], nnx_entry: str = "apply_nnx(model, batch)",
+                   entry: str = "apply(model.apply, params, batch)") -> None:
+  """``model_fn`` is a function (``model.apply``), not a module; the messages name the
+  call to make: ``jaxremat.{entry}``, for an nnx module ``jaxremat.{nnx_entry}``."""
   if isinstance(model_fn, nnx.Module):
     raise InvalidArgumentError(
         f"model_fn is an nnx module ({type(model_fn).__name__}): plan it with "
@@ -94,7 +96,7 @@ def check_model_fn(model_fn: Callable[..., Any], nnx_entry: str = "apply_nnx(mod
   if isinstance(model_fn, nn.Module):
     raise InvalidArgumentError(
         f"model_fn is a Flax module ({type(model_fn).__name__}), not its apply function: "
-        "call jaxremat.apply(model.apply, params, batch).")
+        f"call jaxremat.{entry}.")
   if not callable(model_fn):
     raise InvalidArgumentError(
         f"model_fn must be callable (e.g. model.apply), got {type(model_fn).__name__}.")

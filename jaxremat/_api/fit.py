@@ -215,7 +215,8 @@ def fit(
     InfeasibleBudgetError: no plan fits; ``min_feasible_bytes`` is the least footprint
       found (XLA's when ``verify``), and the message says which.
   """
-  checks.check_model_fn(model_fn, "fit_nnx(model, batch, memory_budget)")
+  checks.check_model_fn(model_fn, "fit_nnx(model, batch, memory_budget)",
+                        "fit(model.apply, params, batch, memory_budget)")
   checks.check_given("fit(model_fn, params, batch, memory_budget)", batch=batch,
                      memory_budget=memory_budget)
   checks.check_loss_fn(loss_fn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -99,7 +100,25 @@ def tree_shapes(tree: Any) -> str:
   return shapes[:200] + "..." if len(shapes) > 200 else shapes
 
 
-def _model_raised_note(params: Any, batch: Any, nnx: bool) -> str:
+def flax_hint(err: BaseException) -> str:
+  """What to pass for flax's two errors of a call missing its keyword arguments: a
+  Dropout's rng stream (``InvalidRngError``), a BatchNorm's mutable collection
+  (``ModifyScopeVariableError``); else ``""``."""
+  text = str(err)
+  if type(err).__name__ == "InvalidRngError":
+    stream = re.search(r'PRNG for "([^"]+)"', text)
+    name = stream.group(1) if stream else "dropout"
+    return (f"The model needs the rng stream {name!r}: pass rngs={{{name!r}: "
+            "jax.random.key(0)}} to jaxremat as to model.apply.")
+  if type(err).__name__ == "ModifyScopeVariableError":
+    found = re.search(r'collection "([^"]+)"', text)
+    name = found.group(1) if found else "batch_stats"
+    return (f"The model updates the collection {name!r} (BatchNorm's statistics in "
+            f"training): pass mutable=[{name!r}] to jaxremat as to model.apply.")
+  return ""
+
+
+def _model_raised_note(params: Any, batch: Any, nnx: bool, hint: str = "") -> str:
   """What jaxremat called when the model raised: the params' top-level keys, the batch's
   shapes and dtypes, and how ``model_fn`` is called (an nnx module: ``model(batch)``)."""
   keys = list(params) if isinstance(params, Mapping) else type(params).__name__
@@ -109,10 +128,10 @@ def _model_raised_note(params: Any, batch: Any, nnx: bool) -> str:
             "batch is the module's one positional input (a tuple is passed whole); labels "
             "for the loss go in loss_fn=, closed over.")
   return (f"{RAISED_NOTE}model_fn(params, batch, **model_kwargs), params with top-level "
-          f"keys {keys}, batch {shapes}. model_fn is called as flax's model.apply is: "
-          "params is the whole variables dict ({'params': ...}, with 'batch_stats' where "
-          "the model has them), batch the model's one positional input (a tuple is passed "
-          "whole); labels for the loss go in loss_fn=, closed over.")
+          f"keys {keys}, batch {shapes}. " + (hint or "model_fn is called as flax's "
+          "model.apply is: params is the whole variables dict ({'params': ...}, with "
+          "'batch_stats' where the model has them), batch the model's one positional input "
+          "(a tuple is passed whole); labels for the loss go in loss_fn=, closed over."))
 
 
 def trace(
@@ -155,7 +174,7 @@ def trace(
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*specs)
   except Exception as err:
     err.add_note(_model_raised_note(params, specs[1], nnx=any(
-        k.startswith(NNX_KWARGS) for k in kwargs)))
+        k.startswith(NNX_KWARGS) for k in kwargs), hint=flax_hint(err)))
     raise
   out_tree = jax.tree_util.tree_structure(out_shape)
   jaxpr, consts = _unwrap_calls(closed.jaxpr, list(closed.consts))
