@@ -219,6 +219,9 @@ def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
       "checkpoints": list(r.plan.checkpoints), "predicted_total_bytes": r.predicted_total_bytes,
       "fixed_bytes": r.fixed_bytes, "solve_seconds": r.solve_seconds, "graph": r.is_graph,
       "decomposition": r.decomposition, "measured_total_bytes": r.measured_total_bytes,
+      "as_written_bytes": r.as_written_bytes,
+      "compiled": [{"checkpoints": list(c), "measured_total_bytes": b}
+                   for c, b in (r.verified or {}).items()],
       "layers": layers,
   }
   return r, summary
@@ -239,7 +242,8 @@ def run_fit(spec: str, batch_shape: Sequence[int], dtype: str, memory_budget: fl
       "memory_budget": memory_budget, "budget_bytes": f.budget_bytes,
       "plan": [{"layers": list(f.chain.names[c.group.start:c.group.stop]),
                 "option": c.group.option.describe(), "stored_bytes": c.stored_bytes,
-                "roofline_seconds": c.seconds} for c in f.costs],
+                "transient_bytes": c.transient_bytes, "roofline_seconds": c.seconds}
+               for c in f.costs],
       "predicted_total_bytes": f.predicted_total_bytes,
       "measured_total_bytes": f.measured_total_bytes, "no_remat_bytes": f.no_remat_bytes,
       "fixed_bytes": f.fixed_bytes, "predicted_seconds": f.predicted_seconds,

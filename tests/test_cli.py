@@ -24,6 +24,10 @@ def test_plan_prints_the_report_and_json(capsys):
   assert n >= 20  # 10 convs and their ReLUs, flatten, the classifier
   assert all(1 <= c < n for c in summary["checkpoints"])
   assert summary["layers"][0]["output_bytes"] == 4 * 16 * 16 * 16 * 4
+  # every plan apply compiled, the chosen one's figure among them
+  compiled = {tuple(c["checkpoints"]): c["measured_total_bytes"] for c in summary["compiled"]}
+  assert compiled[tuple(summary["checkpoints"])] == summary["measured_total_bytes"]
+  assert summary["as_written_bytes"] >= min(compiled.values())
 
 
 def test_plan_with_an_infeasible_budget_says_the_least(capsys):
@@ -51,6 +55,7 @@ def test_fit_meets_a_share_of_the_activations_and_says_so_in_json(capsys, tmp_pa
   assert summary["budget_bytes"] == fixed + int(0.5 * (no_remat - fixed))
   assert summary["measured_total_bytes"] <= summary["budget_bytes"]
   # the plan's groups cover every layer once, in order
+  assert all(group["transient_bytes"] >= 0 for group in summary["plan"])
   names = [name for group in summary["plan"] for name in group["layers"]]
   assert len(names) == len(set(names)) >= 20
   # XLA's figure of the returned plan, by a compile of its own

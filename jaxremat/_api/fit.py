@@ -122,8 +122,14 @@ class Fitted:
                  f"{self.predicted_seconds * 1e3:.3f} ms per step by the roofline (XLA's FLOPs "
                  "and bytes at the device's peak rates: a ranking, not a step time)")
     if self.measured_total_bytes is not None:
-      lines.append(f"XLA-measured footprint {fmt_bytes(self.measured_total_bytes)}, within "
-                   f"the budget ({len(self.compiled)} plan(s) compiled)")
+      measured = self.measured_total_bytes
+      error = (0.0 if self.predicted_total_bytes is None else
+               100 * (self.predicted_total_bytes - measured) / measured)
+      miss = "" if error == 0 else f" (the prediction {abs(error):.1f}% " + (
+          "high)" if error > 0 else "low)")
+      lines.append(f"XLA-measured footprint {fmt_bytes(measured)}{miss}, within the budget; "
+                   f"{len(self.compiled)} plan(s) compiled, XLA's footprint of each in order: "
+                   + ", ".join(fmt_bytes(b) for b in self.compiled))
     else:
       lines.append("not compiled (verify=False): the footprint is the prediction's")
     for k, (what, total, seconds) in enumerate(self.timed):
@@ -203,7 +209,8 @@ def fit(
       ``False``: the prediction alone, nothing compiled.
     time_steps: also compile up to ``MAX_TIMED_ALTERNATIVES`` other plans that are
       predicted to fit (every layer recomputed, every layer keeping its matrix products,
-      the frontier's plans of least and middling footprint, the layer-boundary plan),
+      the frontier's plan of least footprint and its middle one under the budget, the
+      layer-boundary plan),
       run every one that XLA fits (and those that fitted while searching) on this
       machine and return the fastest measured (on a CPU, whose step time grows with
       the footprint, that is often a smaller plan than the one of least predicted

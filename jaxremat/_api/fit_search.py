@@ -33,15 +33,15 @@ def alternatives(options: OptionCosts, points: list[tuple[int, float, tuple[Grou
   """Plans to time beside ``chosen``, each predicted to peak within ``within`` bytes (the
   groups' scale; XLA judges the fit) and different from the plans compiled so far: every
   layer recomputed, every layer keeping its matrix products (all, or those without batch
-  dimensions), the frontier's plans of least and middling footprint, the layer-boundary
-  plan."""
+  dimensions), the frontier's plan of least footprint and its middle one under the
+  budget, the layer-boundary plan."""
   n = search.n
   found = [(f"every layer: {kind}", tuple(options.of(Group(i, i + 1, Option(kind)))
                                           for i in range(n)))
            for kind in (RECOMPUTE, DOTS, DOTS_NO_BATCH)]
   below = [groups for peak, _, groups in points if peak <= search.allowed]
   found += [("frontier, least footprint" if k == 0 else
-             "frontier, middling footprint", below[k])
+             "frontier, middle point in budget", below[k])
             for k in sorted({0, len(below) // 2}) if k < len(below)]
   if search.layer_plans.current is not None:
     found.append(("layer-boundary plan", search.layer_plans.current))

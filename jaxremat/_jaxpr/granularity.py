@@ -316,9 +316,9 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree
   else:
     depths = {len(k) for k in modules}
     where = f"depth {depths.pop() - depth}" if len(depths) == 1 else "mixed depth"
-    parts = [f"'{path(k)}' ({tree.weight(k) / total:.0%})" for k in split]
-    text = (f"descended into {', '.join(parts)} of the activation bytes: {layers} layers at "
-            f"{where}")
+    parts = [f"'{path(k)}' ({tree.weight(k) / total:.0%}"
+             + (" of the activation bytes)" if i == 0 else ")") for i, k in enumerate(split)]
+    text = f"descended into {', '.join(parts)}: {layers} layers at {where}"
   whole = []
   for key in kept:
     alike = sum(1 for k in dict.fromkeys(modules) if k != key and _kind(k) == _kind(key))
