@@ -22,7 +22,7 @@ from flax import nnx
 import jaxremat
 from jaxremat import _bench, zoo
 from jaxremat._api.loss import training_loss
-from jaxremat._jaxpr.trace import flax_hint
+from jaxremat._jaxpr.trace import flax_missing
 
 DEMO_METHODS = ("none", "every-layer", "sqrt", "best-uniform", "optimal", "apply")
 DEMO_MODELS = ("all-conv", *sorted(zoo.VGG_CONFIGS))
@@ -328,14 +328,13 @@ def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None
 
 
 def _flag_hint(err: Exception) -> str:
-  """flax's errors of a call missing its arguments (``flax_hint``) in the CLI's flags."""
-  if not flax_hint(err):
+  """flax's errors of a call missing its arguments (``flax_missing``) in the CLI's flags."""
+  missing = flax_missing(err)
+  if missing is None:
     return ""
-  if type(err).__name__ == "InvalidRngError":
-    stream = re.search(r'PRNG for "([^"]+)"', str(err))
-    return f"Name its rng stream: --rngs {stream.group(1) if stream else 'dropout'}."
-  found = re.search(r'collection "([^"]+)"', str(err))
-  name = found.group(1) if found else "batch_stats"
+  keyword, name = missing
+  if keyword == "rngs":
+    return f"Name its rng stream: --rngs {name}."
   return f"""Make the collection mutable: --model-kwargs '{{"mutable": ["{name}"]}}'."""
 
 

@@ -62,7 +62,6 @@ def check_loss_output(traced: TracedChain, model_kwargs: dict[str, Any], loss_fn
   check_scalar_loss(value)
 
 
-
 class _Required:
   """The default of a positional argument that must be given: a call without it gets
   the model check first (an nnx module passed as ``model_fn`` leaves one argument

@@ -100,22 +100,30 @@ def tree_shapes(tree: Any) -> str:
   return shapes[:200] + "..." if len(shapes) > 200 else shapes
 
 
+def flax_missing(err: BaseException) -> tuple[str, str] | None:
+  """Of flax's two errors of a call missing a keyword argument, which and for what:
+  ``("rngs", stream)`` (a Dropout's ``InvalidRngError``), ``("mutable", collection)`` (a
+  BatchNorm's ``ModifyScopeVariableError``); else None."""
+  kind = {"InvalidRngError": ("rngs", r'PRNG for "([^"]+)"', "dropout"),
+          "ModifyScopeVariableError": ("mutable", r'collection "([^"]+)"', "batch_stats")}
+  if type(err).__name__ not in kind:
+    return None
+  keyword, pattern, default = kind[type(err).__name__]
+  found = re.search(pattern, str(err))
+  return keyword, found.group(1) if found else default
+
+
 def flax_hint(err: BaseException) -> str:
-  """What to pass for flax's two errors of a call missing its keyword arguments: a
-  Dropout's rng stream (``InvalidRngError``), a BatchNorm's mutable collection
-  (``ModifyScopeVariableError``); else ``""``."""
-  text = str(err)
-  if type(err).__name__ == "InvalidRngError":
-    stream = re.search(r'PRNG for "([^"]+)"', text)
-    name = stream.group(1) if stream else "dropout"
+  """What to pass for ``flax_missing``'s errors, in words; else ``""``."""
+  missing = flax_missing(err)
+  if missing is None:
+    return ""
+  keyword, name = missing
+  if keyword == "rngs":
     return (f"The model needs the rng stream {name!r}: pass rngs={{{name!r}: "
             "jax.random.key(0)}} to jaxremat as to model.apply.")
-  if type(err).__name__ == "ModifyScopeVariableError":
-    found = re.search(r'collection "([^"]+)"', text)
-    name = found.group(1) if found else "batch_stats"
-    return (f"The model updates the collection {name!r} (BatchNorm's statistics in "
-            f"training): pass mutable=[{name!r}] to jaxremat as to model.apply.")
-  return ""
+  return (f"The model updates the collection {name!r} (BatchNorm's statistics in "
+          f"training): pass mutable=[{name!r}] to jaxremat as to model.apply.")
 
 
 def _model_raised_note(params: Any, batch: Any, nnx: bool, hint: str = "") -> str:
