@@ -3,7 +3,7 @@
 from jaxremat._api.advice import CoarseLayersWarning as CoarseLayersWarning
 from jaxremat._api.advice import NoSavingWarning as NoSavingWarning
 from jaxremat._api.apply import apply as apply
-from jaxremat._api.fit import Fitted as Fitted
+from jaxremat._api.fitted import Fitted as Fitted
 from jaxremat._api.fit import fit as fit
 from jaxremat._model.policy_plan import Group as Group
 from jaxremat._model.policy_plan import Option as Option

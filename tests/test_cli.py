@@ -8,7 +8,7 @@ import pytest
 import jax.numpy as jnp
 
 import jaxremat
-from jaxremat import _bench, cli
+from jaxremat import _bench, _demo, cli
 from jaxremat._api.loss import training_loss
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
@@ -94,7 +94,7 @@ def test_demo_runs_and_remat_keeps_gradients(capsys):
   assert cli.main(["demo", "--batch", "2", "--image-size", "16", "--json"]) == 0
   result = json.loads(capsys.readouterr().out)
   rows = {row["method"]: row for row in result["rows"]}
-  assert set(rows) == set(cli.DEMO_METHODS)
+  assert set(rows) == set(_demo.DEMO_METHODS)
   assert all(row["grad_max_rel_error"] < 1e-5 for row in rows.values())
   assert rows["apply"]["measured_bytes"] < rows["none"]["measured_bytes"]
 

@@ -15,7 +15,8 @@ from flax import nnx
 
 from jaxremat._api import checks
 from jaxremat._api.apply import apply
-from jaxremat._api.fit import Fitted, fit
+from jaxremat._api.fit import fit
+from jaxremat._api.fitted import Fitted
 from jaxremat._api.result import Remat
 from jaxremat._errors import InputMismatchError, InvalidArgumentError
 from jaxremat._jaxpr.trace import NNX_KWARGS
