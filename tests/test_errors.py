@@ -196,6 +196,14 @@ CASES = [
     Case("model-is-an-nnx-module",
          lambda: jaxremat.apply(nnx.Linear(4, 8, rngs=nnx.Rngs(0)), {}, X),
          jaxremat.InvalidArgumentError, r"model_fn is an nnx module \(Linear\).*apply_nnx"),
+    Case("model-is-an-nnx-method",
+         lambda: jaxremat.apply(nnx.Linear(4, 8, rngs=nnx.Rngs(0)).__call__, X),
+         jaxremat.InvalidArgumentError,
+         r"model_fn is a method of an nnx module \(Linear.__call__\).*apply_nnx\(model, batch\)"),
+    Case("nnx-model-is-a-linen-apply", lambda: jaxremat.apply_nnx(mlp()[0].apply, X),
+         jaxremat.InvalidArgumentError,
+         r"model must be a flax.nnx.Module, got method\. For a Flax linen module use "
+         r"jaxremat.apply\(model.apply, params, batch\)"),
     Case("nnx-module-and-batch-alone",  # as apply_nnx takes them: one argument short
          lambda: jaxremat.fit(nnx.Linear(4, 8, rngs=nnx.Rngs(0)), X, 0.5),
          jaxremat.InvalidArgumentError, r"model_fn is an nnx module \(Linear\).*fit_nnx"),
@@ -247,6 +255,12 @@ CASES = [
     # Models jaxremat cannot checkpoint.
     Case("no-layers", lambda: jaxremat.apply(lambda p, x: x, {"w": jnp.ones(3)}, jnp.ones(3)),
          jaxremat.EmptyModelError, "no layers"),
+    Case("no-parameters", lambda: jaxremat.apply(lambda p, x: jnp.tanh(x) * 2.0, {}, X),
+         jaxremat.EmptyModelError, r"parameters hold no float array \(it is empty\)"),
+    Case("fit-no-float-parameters",
+         lambda: jaxremat.fit(lambda p, x: jnp.tanh(x) * p["n"], {"n": jnp.int32(2)}, X, 0.5),
+         jaxremat.EmptyModelError, r"leaves are of dtypes \['int32'\]\): the training step "
+         "differentiates nothing"),
     Case("integer-outputs",
          lambda: jaxremat.apply(lambda p, x: jnp.argmax(mlp()[0].apply(p, x), -1), mlp()[1], X),
          jaxremat.UnsupportedModelError, r"outputs are all of non-float dtypes \['int32'\]"),

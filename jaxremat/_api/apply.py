@@ -166,6 +166,7 @@ def apply(
     verify = verify is None or bool(verify)
   resolved = get_target(target)
   clock = Stopwatch()
+  checks.check_float_params(params)
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)

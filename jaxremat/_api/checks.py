@@ -13,7 +13,8 @@ from flax import nnx
 from jaxremat._api.loss import training_output
 from jaxremat._backends.measure import check_scalar_loss
 from jaxremat._backends.targets import Target
-from jaxremat._errors import InvalidArgumentError, InvalidBudgetError, UnsupportedModelError
+from jaxremat._errors import (EmptyModelError, InvalidArgumentError, InvalidBudgetError,
+                              UnsupportedModelError)
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.trace import TracedChain, is_array_leaf, tree_shapes
 from jaxremat._model.chain import Plan
@@ -96,6 +97,11 @@ def check_model_fn(model_fn: Callable[..., Any], nnx_entry: str = "apply_nnx(mod
     raise InvalidArgumentError(
         f"model_fn is a Flax module ({type(model_fn).__name__}), not its apply function: "
         f"call jaxremat.{entry}.")
+  if isinstance(owner := getattr(model_fn, "__self__", None), nnx.Module):
+    raise InvalidArgumentError(
+        f"model_fn is a method of an nnx module ({type(owner).__name__}."
+        f"{getattr(model_fn, '__name__', '')}): plan the module with "
+        f"jaxremat.{nnx_entry}, which splits its state into params.")
   if not callable(model_fn):
     raise InvalidArgumentError(
         f"model_fn must be callable (e.g. model.apply), got {type(model_fn).__name__}.")
@@ -194,6 +200,19 @@ def check_budget(budget_bytes: Any) -> int | None:
         f"reads as a share: for a share of the activations use jaxremat.fit(..., "
         f"memory_budget={budget_bytes!r}).")
   return budget
+
+
+def check_float_params(params: Any) -> None:
+  """Raises where ``params`` holds no float array: nothing to differentiate."""
+  leaves = jax.tree_util.tree_leaves(params)
+  if not any(_compat.is_float(x) for x in leaves):
+    dtypes = sorted({str(getattr(x, "dtype", type(x).__name__)) for x in leaves})
+    held = f"its leaves are of dtypes {dtypes}" if leaves else "it is empty"
+    raise EmptyModelError(
+        f"the parameters hold no float array ({held}): the training step differentiates "
+        "nothing, so it has no backward pass and nothing to keep or recompute. Pass the "
+        "trainable parameters (the variables model.init returns, or an nnx module with "
+        "nnx.Param state).")
 
 
 def check_float_output(traced: TracedChain) -> None:

@@ -131,6 +131,7 @@ def fit(
   resolved = get_target(target)
   timed = checks.check_time_steps(time_steps, verify, resolved, params, batch)
   clock = Stopwatch()
+  checks.check_float_params(params)
   with clock("trace"):
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)

@@ -159,7 +159,8 @@ def _check_module(model: Any) -> None:
   if isinstance(model, nnx.Module):
     return
   hint = ""
-  if hasattr(model, "apply") and hasattr(model, "init"):
+  owner = getattr(model, "__self__", model)  # a bound method: its module
+  if hasattr(owner, "apply") and hasattr(owner, "init"):
     hint = " For a Flax linen module use jaxremat.apply(model.apply, params, batch)."
   raise InvalidArgumentError(
       f"model must be a flax.nnx.Module, got {type(model).__name__}.{hint}")
