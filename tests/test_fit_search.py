@@ -226,3 +226,28 @@ def test_below_every_plan_the_dp_offers_its_least_peak_once_for_xla_to_judge():
                   xla_judges=False)
   judged.layer_plans.current = None
   assert judged.next() is None
+
+
+def test_a_frontier_plan_within_the_allowance_beats_the_dps_rounded_plan():
+  # Kept layers store 2,000,003 bytes each: the DP rounds bytes up to its quantum, so at
+  # an allowance of exactly the keep-all peak it finds keeping everything over it (fit at
+  # memory_budget=1.0 recomputed a layer). The frontier holds that plan's exact peak.
+  from jaxremat.solvers._policy import peak_bytes, policy_frontier, solve_policy
+  costs = [GroupCost(Group(i, i + 1, Option(kind)), size, 0, seconds)
+           for i in range(N)
+           for kind, size, seconds in ((KEEP, 2_000_003, 0.0), (RECOMPUTE, 1_000_000, 1.0))]
+  keep_all = tuple(c for c in costs if c.group.option.kind == KEEP)
+  allowed = peak_bytes(keep_all, 0)
+  assert solve_policy(costs, N, allowed, 0) != keep_all  # the DP alone misses it
+  frontier = policy_frontier(costs, N, 0)
+  search = Search(costs, N, 0, allowed=allowed, scale=1.0,
+                  layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
+                  xla_judges=False, frontier=frontier)
+  search.layer_plans.current = None
+  assert search.next() == keep_all
+  # one byte less, and keeping everything is out of reach
+  search = Search(costs, N, 0, allowed=allowed - 1, scale=1.0,
+                  layer_plans=LayerPlans(_Planner(), _Options(), 100, fallbacks=False),
+                  xla_judges=False, frontier=frontier)
+  search.layer_plans.current = None
+  assert search.next() not in (None, keep_all)

@@ -222,14 +222,16 @@ def fit(
   def predicted(groups: tuple[GroupCost, ...]) -> int:  # a plan's footprint (bytes)
     return fixed + round(scale * peak_bytes(groups, final))
 
-  allowed = int((budget - fixed) / scale)
+  # the most raw bytes within the budget; the product rounds (a keep-all plan of exactly
+  # the budget, memory_budget=1.0, was 1 byte over it)
+  allowed = int((budget - fixed) / scale * (1 + 1e-12))
   compiled: list[int] = []
   chosen, footprint = None, None
   with clock("solve"):
     points = policy_frontier(costs, n, final)
     frontier = tuple((fixed + round(scale * b), s) for b, s, _ in points)
     search = Search(costs, n, final, allowed, scale,
-                    LayerPlans(planner, options, budget, fallbacks=verify), verify)
+                    LayerPlans(planner, options, budget, fallbacks=verify), verify, points)
     fitting: list[tuple[tuple[GroupCost, ...], int]] = []  # in the order found, faster each
     for _ in range(MAX_FIT_COMPILES if verify else 1):
       groups = search.next()

@@ -8,6 +8,8 @@ timing beside the one that fits.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from jaxremat._api.planner import Planner
 from jaxremat._api.planning import tighten
 from jaxremat._api.verify import PRUNE_ABOVE
@@ -155,11 +157,15 @@ class Search:
   bytes XLA left unused or by those it was predicted over, the more (short of any
   allowance that missed): where the prediction was high, a faster plan may fit too.
   Where the DP finds no plan within the allowance, it offers its plan of least predicted
-  peak (XLA judges the fit) until one fits."""
+  peak (XLA judges the fit) until one fits. The DP rounds bytes up to its quantum, so a
+  plan of ``frontier`` (exact peaks) faster than the DP's and within the allowance is
+  offered instead (keeping everything, at a budget of exactly its footprint)."""
 
   def __init__(self, costs: list[GroupCost], n: int, final: int, allowed: int, scale: float,
-               layer_plans: LayerPlans, xla_judges: bool):
+               layer_plans: LayerPlans, xla_judges: bool,
+               frontier: Sequence[tuple[int, float, tuple[GroupCost, ...]]] = ()):
     self.costs, self.n, self.final, self.allowed, self.scale = costs, n, final, allowed, scale
+    self.frontier = frontier
     self.xla_judges = xla_judges  # else a plan must fit by its prediction
     self.layer_plans = layer_plans
     self.tried: list[tuple[GroupCost, ...]] = []
@@ -177,6 +183,8 @@ class Search:
       except InfeasibleBudgetError as err:
         self.least = err.min_feasible_bytes
         return self._least_peak()
+      groups = min([groups, *(g for peak, _, g in self.frontier
+                              if peak <= self.allowed and g not in self.tried)], key=_seconds)
       if groups not in self.tried:
         return groups
       if self.fastest is not None and _seconds(groups) >= self.fastest:
