@@ -4,6 +4,7 @@ from jaxremat._api.fit_search import LayerPlans, Search
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._model.chain import Plan
 from jaxremat._model.policy_plan import KEEP, RECOMPUTE, Group, GroupCost, Option, from_plan
+from jaxremat.solvers._policy import peak_bytes, policy_frontier, solve_policy
 
 N = 3
 
@@ -232,7 +233,6 @@ def test_a_frontier_plan_within_the_allowance_beats_the_dps_rounded_plan():
   # Kept layers store 2,000,003 bytes each: the DP rounds bytes up to its quantum, so at
   # an allowance of exactly the keep-all peak it finds keeping everything over it (fit at
   # memory_budget=1.0 recomputed a layer). The frontier holds that plan's exact peak.
-  from jaxremat.solvers._policy import peak_bytes, policy_frontier, solve_policy
   costs = [GroupCost(Group(i, i + 1, Option(kind)), size, 0, seconds)
            for i in range(N)
            for kind, size, seconds in ((KEEP, 2_000_003, 0.0), (RECOMPUTE, 1_000_000, 1.0))]

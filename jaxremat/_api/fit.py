@@ -222,9 +222,7 @@ def fit(
   def predicted(groups: tuple[GroupCost, ...]) -> int:  # a plan's footprint (bytes)
     return fixed + round(scale * peak_bytes(groups, final))
 
-  # the most raw bytes within the budget; the product rounds (a keep-all plan of exactly
-  # the budget, memory_budget=1.0, was 1 byte over it)
-  allowed = int((budget - fixed) / scale * (1 + 1e-12))
+  allowed = int((budget - fixed) / scale)
   compiled: list[int] = []
   chosen, footprint = None, None
   with clock("solve"):
