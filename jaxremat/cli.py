@@ -23,6 +23,7 @@ from jaxremat import _bench
 from jaxremat._demo import DEMO_MODELS, format_demo, run_demo
 from jaxremat._jaxpr.trace import flax_missing
 
+
 def load_model(spec: str, command: str = "plan") -> Any:
   """``MODULE:ATTR`` -> a Flax module: the attribute itself, or what calling it returns.
 
