@@ -112,7 +112,28 @@ def model_inputs(spec: str, batch_shape: Sequence[int], dtype: str,
   params = jax.jit(init)() if concrete else jax.eval_shape(init)
   if "batch_stats" in params:
     kwargs["mutable"] = ["batch_stats"]
+  _warn_unbatched(model, params, x, kwargs)
   return model, params, x, kwargs
+
+
+class BatchAxisWarning(UserWarning):
+  """No output of the model has ``--batch-shape``'s first axis."""
+
+
+def _warn_unbatched(model: nn.Module, params: Any, x: jax.Array, kwargs: dict[str, Any]) -> None:
+  """Warns when no output of the model has ``--batch-shape``'s first axis: flax layers
+  read an input without its batch axis as one example."""
+  out = jax.eval_shape(lambda p, b: model.apply(p, b, **kwargs), params, x)
+  if "mutable" in kwargs:
+    out = out[0]
+  shapes = [leaf.shape for leaf in jax.tree_util.tree_leaves(out)]
+  if shapes and all(shape and shape[0] != x.shape[0] for shape in shapes):
+    given = ",".join(map(str, x.shape))
+    warnings.warn(BatchAxisWarning(
+        f"the model's output has shape {shapes[0]}, whose first axis is not "
+        f"--batch-shape's first ({x.shape[0]}): flax layers read an input without its "
+        f"batch axis as one example, and the plan is for that. If {given} is one "
+        f"example, give the batch too: --batch-shape N,{given}."), stacklevel=2)
 
 
 def run_plan(spec: str, batch_shape: Sequence[int], dtype: str, method: str,
@@ -245,7 +266,8 @@ def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None
   seen = set()
   for w in caught:
     if w.category.__module__.startswith("jaxremat") or str(w.message).startswith("jaxremat"):
-      print(f"jaxremat {command}: {w.category.__name__}: {_as_flags(str(w.message))}",
+      message = str(w.message).removeprefix("jaxremat: ")
+      print(f"jaxremat {command}: {w.category.__name__}: {_as_flags(message)}",
             file=sys.stderr)
     elif (w.category, str(w.message)) not in seen:
       seen.add((w.category, str(w.message)))

@@ -238,3 +238,14 @@ def test_fit_says_in_flags_what_a_models_call_or_a_budget_lacks(tmp_path, monkey
   with pytest.raises(SystemExit):
     cli.main(["fit", "local_net:Net", "--batch-shape", "8,abc", "--budget", "0.5"])
   assert "not a shape: '8,abc'" in capsys.readouterr().err
+
+
+def test_plan_warns_when_the_batch_shape_lacks_the_batch_axis(capsys):
+  """A user's trial: a 3-D --batch-shape for a conv net was planned silently as one
+  unbatched image (flax reads it so)."""
+  assert cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "16,16,3"]) == 0
+  err = capsys.readouterr().err
+  assert "jaxremat plan: BatchAxisWarning: the model's output has shape (2, 10)" in err
+  assert "--batch-shape N,16,16,3" in err
+  assert cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3"]) == 0
+  assert "BatchAxisWarning" not in capsys.readouterr().err
