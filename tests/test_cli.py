@@ -8,7 +8,7 @@ import pytest
 import jax.numpy as jnp
 
 import jaxremat
-from jaxremat import _bench, _demo, cli
+from jaxremat import _bench, _cli_model, _demo, cli
 from jaxremat._api.loss import training_loss
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
@@ -195,7 +195,7 @@ def test_plan_points_an_nnx_module_to_apply_nnx(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"flax\.nnx module.*jaxremat\.apply_nnx"):
       cli.main(["plan", spec, "--batch-shape", "2,4"])
   with pytest.raises(SystemExit, match=r"calling nnx_net:sized\(\) failed.*'width'"):
-    cli.load_model("nnx_net:sized")
+    _cli_model.load_model("nnx_net:sized")
   with pytest.raises(SystemExit, match=r"^jaxremat fit: .*flax\.nnx module.*jaxremat\.fit_nnx"):
     cli.main(["fit", "nnx_net:make", "--batch-shape", "2,4", "--budget", "0.5"])
 
