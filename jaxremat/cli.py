@@ -13,7 +13,6 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-
 import jaxremat
 from jaxremat import _bench
 from jaxremat._cli_model import model_inputs
