@@ -231,7 +231,7 @@ def test_flaxs_errors_of_a_missing_rng_or_mutable_say_what_to_pass():
   x = jnp.ones((4, 12))
   params = Net().init(jax.random.key(0), x)
   cases = (({"train": True, "mutable": ["batch_stats"]},
-            "pass rngs={'dropout': jax.random.key(0)}"),
+            "pass rngs={'dropout': jax.random.key(0)} to jaxremat"),
            ({"train": True, "rngs": {"dropout": jax.random.key(1)}},
             "pass mutable=['batch_stats']"))
   for kwargs, hint in cases:

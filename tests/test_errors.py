@@ -122,6 +122,16 @@ def apply_mlp(**kwargs):
   return jaxremat.apply(model.apply, params, X, **kwargs)
 
 
+def dict_batch_drop_in():
+  """The zoo MLP reading a dict batch, its drop-in called with one leaf of another shape."""
+  model = zoo.mlp([8, 8, 8])
+  apply = lambda p, batch: model.apply(p, batch["x"]) * batch["scale"][:, None]  # noqa: E731
+  batch = {"x": X, "scale": jnp.ones(X.shape[0])}
+  params = model.init(jax.random.key(0), X)
+  r = jaxremat.apply(apply, params, batch, verify=False)
+  return r.fn(params, {"x": jnp.ones((X.shape[0], 5)), "scale": batch["scale"]})
+
+
 def call_drop_in(params_fn=lambda p: p, batch=X):
   _, params, r = mlp()
   return r.fn(params_fn(params), batch)
@@ -349,8 +359,10 @@ CASES = [
     # The drop-in called with other inputs.
     Case("drop-in-batch-shape", lambda: call_drop_in(batch=jnp.ones((2, 5))),
          jaxremat.InputMismatchError,
-         r"model fails on a batch of shapes and dtypes \[\(2, 5\) float32\] \(the plan was made "
-         r"for \[\(2, 4\) float32\]\)"),
+         r"model fails on a batch of float32 \(2, 5\) \(the plan was made for float32 \(2, 4\)\)"),
+    Case("drop-in-dict-batch-leaf", dict_batch_drop_in, jaxremat.InputMismatchError,
+         r"model fails on a batch whose \['x'\] is float32 \(2, 5\), where the plan has "
+         r"float32 \(2, 4\)"),
     Case("drop-in-batch-missing", lambda: mlp()[2].fn(X), jaxremat.InvalidArgumentError,
          r"called as .*r\.fn\(params, batch, \*\*kwargs\).*got one positional argument.*"
          r"apply_nnx"),

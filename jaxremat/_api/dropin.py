@@ -42,6 +42,23 @@ def _avals(key: tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]) -> str:
   return "[" + ", ".join(f"{shape} {dtype}" for shape, dtype in key[1]) + "]"
 
 
+def _batch_text(now: tuple[Any, tuple], planned: tuple[Any, tuple]) -> str:
+  """How a batch differs from the planned one: the leaves that differ, by path, where the
+  structure is the same (``a batch whose ['tokens'] is float32 (8, 64), where the plan
+  has int32 (8, 64)``); else both batches' leaves."""
+  if now[0] != planned[0]:
+    return (f"a batch of shapes and dtypes {_avals(now)} (the plan was made for "
+            f"{_avals(planned)})")
+  paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(
+      jax.tree_util.tree_unflatten(now[0], range(len(now[1]))))[0]]
+  if paths == [""]:
+    (shape, dtype), (was, was_dtype) = now[1][0], planned[1][0]
+    return f"a batch of {dtype} {shape} (the plan was made for {was_dtype} {was})"
+  return "a batch whose " + "; ".join(
+      f"{path} is {a[1]} {a[0]}, where the plan has {b[1]} {b[0]}"
+      for path, a, b in zip(paths, now[1], planned[1]) if a != b)
+
+
 class _Array:
   def __repr__(self) -> str:
     return "<array>"
@@ -124,8 +141,8 @@ class DropIn:
       except Exception as err:
         if key[1] != self._batch_key:  # another batch: likely the cause, say so
           raise InputMismatchError(
-              f"the model fails on a batch of shapes and dtypes {_avals(key[1])} (the plan "
-              f"was made for {_avals(self._batch_key)}): {type(err).__name__}: {err}") from err
+              f"the model fails on {_batch_text(key[1], self._batch_key)}: "
+              f"{type(err).__name__}: {err}") from err
         # in place of the trace's note (how apply calls the model), which the same params
         # and batch passed already: the keyword arguments are what changed
         err.__notes__ = [n for n in err.__notes__ if not n.startswith(RAISED_NOTE)]

@@ -121,7 +121,7 @@ def flax_hint(err: BaseException) -> str:
   keyword, name = missing
   if keyword == "rngs":
     return (f"The model needs the rng stream {name!r}: pass rngs={{{name!r}: "
-            "jax.random.key(0)}} to jaxremat as to model.apply.")
+            "jax.random.key(0)} to jaxremat as to model.apply.")
   return (f"The model updates the collection {name!r} (BatchNorm's statistics in "
           f"training): pass mutable=[{name!r}] to jaxremat as to model.apply.")
 
