@@ -322,6 +322,36 @@ def test_a_coarse_plan_warns_with_the_granularity_that_saves_more():
   assert fine.predicted_total_bytes < coarse.predicted_total_bytes
 
 
+class _SharedStack(nn.Module):
+  """One block called four times (ALBERT's shared weights)."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(64)(x)
+    block = _Block(name="shared_block")
+    for _ in range(4):
+      x = block(x)
+    return nn.Dense(4)(x)
+
+
+def test_a_block_called_several_times_is_split_per_call_at_the_depth_the_warning_names():
+  """A user's trial: the four calls of a shared-weight block are one layer by default,
+  and the warning's suggestion of modules called one after the other cannot apply; it
+  names the layer_depth at which each call is planned apart, with its gradients."""
+  x = jnp.ones((64, 16))
+  model = _SharedStack()
+  params = model.init(jax.random.key(0), x)
+  with pytest.warns(jaxremat.CoarseLayersWarning,
+                    match=r"'shared_block' .*layer_depth=2 .*called more than once"):
+    coarse = jaxremat.apply(model.apply, params, x, verify=False)
+  fine = jaxremat.apply(model.apply, params, x, layer_depth=2, verify=False)
+  per_call = [name for name in fine.chain.names if name.startswith("shared_block/Dense_0")]
+  assert len(per_call) == 4  # Dense_0, Dense_0#2, ...: a layer per call
+  assert fine.predicted_total_bytes < coarse.predicted_total_bytes
+  loss = lambda fn: lambda p: jnp.sum(fn(p, x) ** 2)  # noqa: E731
+  _assert_close(jax.grad(loss(model.apply))(params), jax.grad(loss(fine.fn))(params))
+
+
 class _AuxBlock(nn.Module):
   @nn.compact
   def __call__(self, x, _):
