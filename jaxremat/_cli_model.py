@@ -70,13 +70,13 @@ def model_inputs(spec: str, batch_shape: Sequence[int], dtype: str,
   kwargs: dict[str, Any] = dict(model_kwargs or {})
   if rngs:
     kwargs["rngs"] = {name: jax.random.key(2 + k) for k, name in enumerate(rngs)}
-  init = lambda: model.init(  # every collection
+  init = lambda: model.init_with_output(  # every collection, and the output's shapes
       {"params": jax.random.key(0), **kwargs.get("rngs", {})}, x,
       **{k: v for k, v in kwargs.items() if k not in ("rngs", "mutable")})
-  params = jax.jit(init)() if concrete else jax.eval_shape(init)
+  out, params = jax.jit(init)() if concrete else jax.eval_shape(init)
   if "batch_stats" in params:
     kwargs["mutable"] = ["batch_stats"]
-  _warn_unbatched(model, params, x, kwargs)
+  _warn_unbatched(out, x)
   return model, params, x, kwargs
 
 
@@ -84,12 +84,9 @@ class BatchAxisWarning(UserWarning):
   """No output of the model has ``--batch-shape``'s first axis."""
 
 
-def _warn_unbatched(model: nn.Module, params: Any, x: jax.Array, kwargs: dict[str, Any]) -> None:
-  """Warns when no output of the model has ``--batch-shape``'s first axis: flax layers
-  read an input without its batch axis as one example."""
-  out = jax.eval_shape(lambda p, b: model.apply(p, b, **kwargs), params, x)
-  if "mutable" in kwargs:
-    out = out[0]
+def _warn_unbatched(out: Any, x: jax.Array) -> None:
+  """Warns when no leaf of the model's output ``out`` has ``--batch-shape``'s first axis:
+  flax layers read an input without its batch axis as one example."""
   shapes = [leaf.shape for leaf in jax.tree_util.tree_leaves(out)]
   if shapes and all(shape and shape[0] != x.shape[0] for shape in shapes):
     given = ",".join(map(str, x.shape))
