@@ -113,10 +113,8 @@ def warn_if_coarse(planner: Planner, plan: Plan, traced: TracedChain,
     return False
   name = planner.chain.names[k]
   if _has_submodules(traced.layers[k]):
-    advice = (f"Pass layer_depth={name.count('/') + 2} to plan its submodules as layers (each "
-              "call of a module called more than once, a block whose weights are shared, "
-              "becomes a layer of its own), or group its inner blocks into modules called "
-              "one after the other.")
+    advice = (f"Pass layer_depth={name.count('/') + 2} to plan its submodules as layers, or "
+              "group its inner blocks into modules called one after the other.")
   elif (segmented is not None and k not in segmented
         and any(e.primitive.name in _LOOPS for e in traced.layers[k].eqns)):
     advice = ("It runs a loop (jax.lax.scan, fori_loop or while_loop) that jaxremat does not "

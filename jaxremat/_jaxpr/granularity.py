@@ -2,6 +2,7 @@
 
 A layer is a run of consecutive equations whose name stacks (module paths) share a
 prefix. With a fixed ``layer_depth`` the prefix is that many components below the root.
+Consecutive calls of one module (a block whose weights are shared) are a layer each.
 By default (``decompose``) the layers start as the root module's children, and a child
 that holds a large share of the model's activation bytes is replaced by its own
 children, recursively and at mixed depth, as long as the layers stay a chain: the
@@ -228,17 +229,37 @@ def _keyed(eqns: Sequence[Any], stacks: Sequence[Key], depth: int,
   """Runs of consecutive equations of one layer key: the stack cut ``depth`` components
   below the root and one further below each module in ``expanded``; ``("", *stack)``
   for equations of a module that is split (or of the root) outside its children."""
-  groups: list[tuple[Key, list]] = []
+  runs: list[tuple[Key, list, list]] = []
   for eqn, stack in zip(eqns, stacks):
     k = depth
     while len(stack) > k and stack[:k + 1] in expanded:
       k += 1
     key = stack[:k + 1] if len(stack) > k else ("", *stack)
-    if groups and groups[-1][0] == key:
-      groups[-1][1].append(eqn)
+    if runs and runs[-1][0] == key:
+      runs[-1][1].append(eqn)
+      runs[-1][2].append(stack)
     else:
-      groups.append((key, [eqn]))
+      runs.append((key, [eqn], [stack]))
+  groups: list[tuple[Key, list]] = []
+  for key, run, run_stacks in runs:
+    period = _call_period(run, run_stacks, len(key)) if key[0] else len(run)
+    groups.extend((key, run[i:i + period]) for i in range(0, len(run), period))
   return groups
+
+
+def _call_period(eqns: Sequence[Any], stacks: Sequence[Key], depth: int) -> int:
+  """The equations of one call when ``eqns`` are consecutive calls of one module (a block
+  whose weights are shared, called in a loop): the least period over which the
+  equations repeat, primitive and name stack alike, that holds work of a child module
+  (below ``depth`` components); ``len(eqns)`` when they do not repeat."""
+  n = len(eqns)
+  for period in range(2, n // 2 + 1):
+    if n % period or not any(len(s) > depth for s in stacks[:period]):
+      continue
+    if all(stacks[i] == stacks[i - period]
+           and eqns[i].primitive is eqns[i - period].primitive for i in range(period, n)):
+      return period
+  return n
 
 
 def _named(keyed: list[tuple[Key, list]], drop: int,
@@ -319,6 +340,10 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree
     parts = [f"'{path(k)}' ({tree.weight(k) / total:.0%}"
              + (" of the activation bytes)" if i == 0 else ")") for i, k in enumerate(split)]
     text = f"descended into {', '.join(parts)}: {layers} layers at {where}"
+  runs = {k: modules.count(k) for k in dict.fromkeys(modules)}
+  called = [f"'{path(k)}' ({n} calls)" for k, n in runs.items() if n > 1]
+  if called:
+    text += f"; a layer per call of {', '.join(called)}"
   whole = []
   for key in kept:
     alike = sum(1 for k in dict.fromkeys(modules) if k != key and _kind(k) == _kind(key))
