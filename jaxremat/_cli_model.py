@@ -12,6 +12,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 
@@ -66,7 +67,10 @@ def model_inputs(spec: str, batch_shape: Sequence[int], dtype: str,
   allocates nothing), a random batch of ``batch_shape`` and the call's keyword arguments
   (``rngs`` named, ``mutable`` added where the model has ``batch_stats``)."""
   model = load_model(spec, command)
-  x = jax.random.normal(jax.random.key(1), tuple(batch_shape)).astype(dtype)
+  key, shape = jax.random.key(1), tuple(batch_shape)
+  x = (jax.random.randint(key, shape, 0, 2, dtype)  # token ids within any vocabulary
+       if jnp.issubdtype(jnp.dtype(dtype), jnp.integer)
+       else jax.random.normal(key, shape).astype(dtype))
   kwargs: dict[str, Any] = dict(model_kwargs or {})
   if rngs:
     kwargs["rngs"] = {name: jax.random.key(2 + k) for k, name in enumerate(rngs)}

@@ -13,6 +13,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import jax.numpy as jnp
+
 import jaxremat
 from jaxremat import _bench
 from jaxremat._cli_model import model_inputs
@@ -185,11 +187,14 @@ def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None
       print(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}", file=sys.stderr)
 
 
-def _flag_hint(err: Exception) -> str:
-  """flax's errors of a call missing its arguments (``flax_missing``) in the CLI's flags."""
+def _flag_hint(err: Exception, dtype: str) -> str:
+  """flax's errors of a call missing its arguments (``flax_missing``), or of float inputs
+  where it takes integers (``nn.Embed``'s token ids), in the CLI's flags."""
   missing = flax_missing(err)
   if missing is None:
-    return ""
+    floats = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    return ("It takes integer inputs (token ids, as nn.Embed does): --dtype int32."
+            if floats and "integer" in str(err) else "")
   keyword, name = missing
   if keyword == "rngs":
     return f"Name its rng stream: --rngs {name}."
@@ -225,7 +230,7 @@ def _model_command(args: argparse.Namespace) -> int:
           file=sys.stderr)
     return 2
   except Exception as err:  # the model's own: flax's two of a call missing its arguments
-    hint = _flag_hint(err)
+    hint = _flag_hint(err, args.dtype)
     if not hint:
       raise
     print(f"jaxremat {args.command}: the model raised {type(err).__name__}: "

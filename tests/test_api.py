@@ -241,6 +241,25 @@ def test_flaxs_errors_of_a_missing_rng_or_mutable_say_what_to_pass():
     assert hint in note and "to jaxremat as to model.apply" in note
 
 
+def test_float_tokens_into_an_embedding_say_to_pass_integers():
+  """A user's trial: float token ids into nn.Embed got the general note."""
+  class Lm(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+      return nn.Dense(8)(nn.Embed(32, 16)(tokens))
+
+  tokens = jnp.ones((4, 6), jnp.int32)
+  params = Lm().init(jax.random.key(0), tokens)
+  with pytest.raises(ValueError) as raised:
+    jaxremat.apply(Lm().apply, params, tokens.astype(jnp.float32))
+  note = "\n".join(getattr(raised.value, "__notes__", []))
+  assert "batch float32[4, 6]" in note and "batch.astype(jnp.int32)" in note
+  model = nnx.Embed(32, 16, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError) as raised:
+    jaxremat.apply_nnx(model, tokens.astype(jnp.float32))
+  assert "batch.astype(jnp.int32)" in "\n".join(getattr(raised.value, "__notes__", []))
+
+
 def test_an_error_an_nnx_module_raises_when_traced_says_labels_go_in_loss_fn():
   model = nnx.Linear(12, 8, rngs=nnx.Rngs(0))
   x = jnp.ones((4, 12))

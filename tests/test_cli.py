@@ -249,3 +249,12 @@ def test_plan_warns_when_the_batch_shape_lacks_the_batch_axis(capsys):
   assert "--batch-shape N,16,16,3" in err
   assert cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3"]) == 0
   assert "BatchAxisWarning" not in capsys.readouterr().err
+
+
+def test_plan_says_a_token_model_takes_integer_inputs(capsys):
+  """A user's trial: the default float batch into a GPT gave flax's traceback."""
+  args = ["plan", "jaxremat.zoo:gpt", "--batch-shape", "2,16"]
+  assert cli.main(args) == 2
+  assert "It takes integer inputs (token ids, as nn.Embed does): --dtype int32." in (
+      capsys.readouterr().err)
+  assert cli.main([*args, "--dtype", "int32"]) == 0

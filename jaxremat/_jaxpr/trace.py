@@ -126,15 +126,26 @@ def flax_hint(err: BaseException) -> str:
           f"training): pass mutable=[{name!r}] to jaxremat as to model.apply.")
 
 
+def integer_hint(err: BaseException, batch: Any) -> str:
+  """What to pass when the model asked for integer inputs (``nn.Embed``'s token ids) and
+  the batch holds floats, in words; else ``""``."""
+  floats = any(jax.numpy.issubdtype(x.dtype, jax.numpy.floating) for x in jax.tree_util.tree_leaves(batch))
+  if not (floats and "integer" in str(err)):
+    return ""
+  return ("The model asks for integers (token ids, as nn.Embed does) and the batch holds "
+          "floats: pass integer inputs (batch.astype(jnp.int32); on the command line, "
+          "--dtype int32).")
+
+
 def _model_raised_note(params: Any, batch: Any, nnx: bool, hint: str = "") -> str:
   """What jaxremat called when the model raised: the params' top-level keys, the batch's
   shapes and dtypes, and how ``model_fn`` is called (an nnx module: ``model(batch)``)."""
   keys = list(params) if isinstance(params, Mapping) else type(params).__name__
   shapes = tree_shapes(batch)
   if nnx:
-    return (f"{RAISED_NOTE}model(batch), batch {shapes}: "
-            "batch is the module's one positional input (a tuple is passed whole); labels "
-            "for the loss go in loss_fn=, closed over.")
+    return (f"{RAISED_NOTE}model(batch), batch {shapes}: " + (hint or "batch is the "
+            "module's one positional input (a tuple is passed whole); labels for the loss go "
+            "in loss_fn=, closed over."))
   return (f"{RAISED_NOTE}model_fn(params, batch, **model_kwargs), params with top-level "
           f"keys {keys}, batch {shapes}. " + (hint or "model_fn is called as flax's "
           "model.apply is: params is the whole variables dict ({'params': ...}, with "
@@ -182,7 +193,8 @@ def trace(
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*specs)
   except Exception as err:
     err.add_note(_model_raised_note(params, specs[1], nnx=any(
-        k.startswith(NNX_KWARGS) for k in kwargs), hint=flax_hint(err)))
+        k.startswith(NNX_KWARGS) for k in kwargs), hint=flax_hint(err) or integer_hint(
+            err, specs[1])))
     raise
   out_tree = jax.tree_util.tree_structure(out_shape)
   jaxpr, consts = _unwrap_calls(closed.jaxpr, list(closed.consts))
