@@ -352,6 +352,33 @@ def test_each_call_of_a_block_called_several_times_is_a_layer():
   _assert_close(jax.grad(loss(model.apply))(params), jax.grad(loss(r.fn))(params))
 
 
+class _NnxResidual(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.up = nnx.Linear(64, 128, rngs=rngs)
+    self.down = nnx.Linear(128, 64, rngs=rngs)
+
+  def __call__(self, x):
+    return x + self.down(nnx.relu(self.up(x)))
+
+
+class _NnxShared(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.inp = nnx.Linear(16, 64, rngs=rngs)
+    self.block = _NnxResidual(rngs)
+    self.out = nnx.Linear(64, 4, rngs=rngs)
+
+  def __call__(self, x):
+    x = self.inp(x)
+    for _ in range(3):
+      x = self.block(x)
+    return self.out(x)
+
+
+def test_each_call_of_an_nnx_block_called_several_times_is_a_layer():
+  r = jaxremat.apply_nnx(_NnxShared(nnx.Rngs(0)), jnp.ones((8, 16)), verify=False)
+  assert r.chain.names == ("inp", "block", "block#2", "block#3", "out")
+
+
 @pytest.mark.filterwarnings("ignore::jaxremat.CoarseLayersWarning")
 def test_a_module_whose_work_does_not_repeat_stays_one_layer():
   """Call splitting needs all the module's equations to repeat, primitive and module
