@@ -379,6 +379,29 @@ def test_each_call_of_an_nnx_block_called_several_times_is_a_layer():
   assert r.chain.names == ("inp", "block", "block#2", "block#3", "out")
 
 
+class _HalfRemat(nn.Module):
+  """The first two of four blocks under ``nn.remat``, as a user placed them."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(32)(x)
+    for i in range(4):
+      x = (nn.remat(_Block) if i < 2 else _Block)(name=f"block_{i}")(x)
+    return nn.Dense(4)(x)
+
+
+def test_blocks_under_nn_remat_keep_their_names_and_are_layers():
+  """A user's trial: the calls of ``nn.remat(Block)`` (a checkpoint whose own name stack
+  stops at the caller) were one layer named '(remat2)', no checkpoint between them."""
+  x = jnp.ones((16, 16))
+  model = _HalfRemat()
+  params = model.init(jax.random.key(0), x)
+  r = jaxremat.apply(model.apply, params, x, verify=False)
+  assert r.chain.names[1:5] == ("block_0", "block_1", "block_2", "block_3")
+  loss = lambda fn: lambda p: jnp.sum(fn(p, x) ** 2)  # noqa: E731
+  _assert_close(jax.grad(loss(model.apply))(params), jax.grad(loss(r.fn))(params))
+
+
 @pytest.mark.filterwarnings("ignore::jaxremat.CoarseLayersWarning")
 def test_a_module_whose_work_does_not_repeat_stays_one_layer():
   """Call splitting needs all the module's equations to repeat, primitive and module

@@ -65,16 +65,13 @@ def warn_one_layer(traced: TracedChain) -> None:
                   stacklevel=3)
 
 
-_REMAT_PRIMITIVES = frozenset({"checkpoint", "remat2"})
-
-
 def warn_boundaries_kept(traced: TracedChain, explained: bool = False) -> None:
   """Warns (``NoSavingWarning``) that the plan keeps every layer boundary: because the
   model rematerialises already (a layer runs ``jax.checkpoint``, ``nn.remat`` or
   ``nnx.remat`` inside it), or, unless another warning ``explained`` why, because no
   checkpoint is predicted to save memory."""
   inside = [layer.name for layer in traced.layers
-            if any(e.primitive.name in _REMAT_PRIMITIVES for e in layer.eqns)]
+            if any(e.primitive.name in _compat.REMAT_PRIMITIVES for e in layer.eqns)]
   if inside:
     warnings.warn(NoSavingWarning(
         f"jaxremat: r.fn runs the model as written: it rematerialises already "
@@ -132,5 +129,5 @@ def warn_if_coarse(planner: Planner, plan: Plan, traced: TracedChain,
 
 def _has_submodules(layer: Layer) -> bool:
   """True when some equation of ``layer`` runs in a module below the layer's own."""
-  depth = min(len(_compat.name_stack(e)) for e in layer.eqns)
-  return any(len(_compat.name_stack(e)) > depth for e in layer.eqns)
+  depth = min(len(_compat.module_path(e)) for e in layer.eqns)
+  return any(len(_compat.module_path(e)) > depth for e in layer.eqns)

@@ -50,7 +50,7 @@ def finer_depth(traced: TracedChain) -> int:
   """The ``layer_depth`` one name-stack level below the deepest module that is a layer:
   the length of the name stack its equations share (``ViT/Transformer/encoderblock_0``
   is 3, and ``layer_depth=3`` makes that block's children layers)."""
-  shared = [len(os.path.commonprefix([_compat.name_stack(e) for e in layer.eqns]))
+  shared = [len(os.path.commonprefix([_compat.module_path(e) for e in layer.eqns]))
             for layer in traced.layers if layer.eqns]
   return max(shared, default=0)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -49,6 +50,22 @@ def name_stack(eqn: JaxprEqn) -> tuple[str, ...]:
   """The equation's name stack (Flax module path, named scopes) as components."""
   text = str(eqn.source_info.name_stack)
   return tuple(part for part in text.split("/") if part)
+
+
+#: ``jax.checkpoint``'s primitive names (``nn.remat``, ``nnx.remat``), across jax versions.
+REMAT_PRIMITIVES = frozenset({"checkpoint", "remat2"})
+
+
+def module_path(eqn: JaxprEqn) -> tuple[str, ...]:
+  """The module path an equation runs in: its name stack, and for a ``jax.checkpoint``
+  call (``nn.remat(Block)``, whose own stack stops at the caller) the path its equations
+  share below it (``block_0``)."""
+  stack = name_stack(eqn)
+  if eqn.primitive.name in REMAT_PRIMITIVES:
+    inner = eqn.params["jaxpr"]
+    paths = [p for e in getattr(inner, "jaxpr", inner).eqns if (p := module_path(e))]
+    stack += tuple(os.path.commonprefix(paths)) if paths else ()
+  return stack
 
 
 def array_aval(v: Var | Literal) -> jax.core.ShapedArray:

@@ -56,7 +56,7 @@ def base_depth(stacks: Sequence[Key]) -> int:
 def group(eqns: Sequence[Any], layer_depth: int) -> list[Group]:
   """Groups consecutive equations by their name stack ``layer_depth`` components below
   the root into named layers (the fixed ``layer_depth`` of ``jaxremat.apply``)."""
-  stacks = [_compat.name_stack(e) for e in eqns]
+  stacks = [_compat.module_path(e) for e in eqns]
   keyed = _keyed(eqns, stacks, layer_depth, frozenset())
   # a module's own work, below the root's (whose ops keep their primitives' names)
   modules = {key[1:] for key, _ in keyed if key[0] == "" and len(key) > 2}
@@ -91,7 +91,7 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     outvars: the model's outputs (work that only they read joins its inputs' layer:
       ``attach_output_work``).
   """
-  stacks = [_compat.name_stack(e) for e in eqns]
+  stacks = [_compat.module_path(e) for e in eqns]
   depth = base_depth(stacks)
   weights = activation_bytes(eqns, batch_vars)
   total = max(1, sum(weights))
