@@ -162,6 +162,21 @@ def other_layers_on_bigger_batch():
   r.fn(params, jnp.ones((3, 4)))
 
 
+class NormedMLP(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.BatchNorm(use_running_average=False)(nn.relu(nn.Dense(8)(x)))
+    return nn.Dense(4)(nn.relu(nn.Dense(8)(x)))
+
+
+def loss_of_the_state_with_mutable():
+  """A user's trial: with mutable=, loss_fn written for (logits, state)."""
+  model = NormedMLP()
+  variables = model.init(jax.random.key(0), X)
+  return jaxremat.apply(model.apply, variables, X, mutable=["batch_stats"], verify=False,
+                        loss_fn=lambda out: jnp.mean(out[1]["batch_stats"]))
+
+
 class DropoutWhenTraining(nn.Module):
   @nn.compact
   def __call__(self, x, train=False):
@@ -260,6 +275,10 @@ CASES = [
          jaxremat.InvalidArgumentError,
          r"loss_fn raised (TypeError|IndexError).* on the model's output, "
          r"float32\[2, 8\]\. loss_fn takes the output as the model returns it"),
+    Case("apply-loss-fn-of-the-state-with-mutable", loss_of_the_state_with_mutable,
+         jaxremat.InvalidArgumentError,
+         r"loss_fn raised .* float32\[2, 4\]\. loss_fn takes with mutable= the output "
+         r"without its updated collections \(the logits alone"),
     Case("measure-non-scalar-loss", lambda: jaxremat.measure(mlp()[0].apply, mlp()[1], X),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
     # Models jaxremat cannot checkpoint.
