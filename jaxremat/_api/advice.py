@@ -26,15 +26,17 @@ class NoSavingWarning(UserWarning):
   model unchanged."""
 
 
-def warn_as_written(as_written_bytes: int, least_bytes: int) -> None:
+def warn_as_written(as_written_bytes: int, least_bytes: int, reason: str = "") -> None:
   """Warns (``NoSavingWarning``) that ``apply`` returns the model as written: XLA measured
-  its step at ``as_written_bytes``, the chosen plan's at ``least_bytes``."""
+  its step at ``as_written_bytes``, the chosen plan's at ``least_bytes``; ``reason``
+  (``coarse_reason``'s) says why, where the layers are too coarse."""
   warnings.warn(NoSavingWarning(
       f"jaxremat: the plan did not compile {MIN_SAVING:.0%} or more below the model as "
       f"written ({as_written_bytes} bytes by XLA; the plan {least_bytes}), so r.fn runs "
-      "the model unchanged rather than recompute for little. It may "
-      "already be rematerialised (jax.checkpoint or nn.remat inside it), or its layers too "
-      "coarse: see r.report() and layer_depth."), stacklevel=3)
+      "the model unchanged rather than recompute for little. " + (
+          f"Checkpoints fall between layers only, and {reason}" if reason else
+          "It may already be rematerialised (jax.checkpoint or nn.remat inside it), or its "
+          "layers too coarse: see r.report() and layer_depth.")), stacklevel=3)
 
 
 def one_layer_hint(traced: TracedChain) -> str:
@@ -91,40 +93,57 @@ class CoarseLayersWarning(UserWarning):
 
 
 def warn_if_coarse(planner: Planner, plan: Plan, traced: TracedChain,
-                   segmented: frozenset[int] | None = frozenset()) -> bool:
-  """Warns (``CoarseLayersWarning``) when ``plan`` saves under ``LITTLE`` of the predicted
-  footprint without remat while one layer holds over ``DOMINANT`` of the residual bytes
-  and has submodules of its own, or runs a loop that is not a scanned stack jaxremat
-  plans (not in ``segmented``; None: the user left scans as they are, say nothing of
-  loops): checkpoints at layer boundaries cannot reach inside it. Returns whether it
-  warned."""
-  res = planner.chain.res_bytes
+                   segmented: frozenset[int] | None = frozenset(),
+                   measured: tuple[int, int] | None = None) -> bool:
+  """Warns (``CoarseLayersWarning``) when ``plan`` saves under ``LITTLE`` of the footprint
+  without remat (XLA's, from ``measured`` = (as written, the plan's) bytes, when given;
+  else the memory model's) and ``coarse_reason`` finds layers that checkpoints cannot
+  reach inside. Returns whether it warned."""
   held = planner.fixed_bytes - planner.input_bytes  # a cheap model: fixed bytes + peak
   none = held + planner.peak_bytes(Plan(()))
-  if not res or sum(res) <= 0 or none <= 0:
+  if none <= 0:
     return False
-  saving = 1 - (held + planner.peak_bytes(plan)) / none
-  k = max(range(len(res)), key=res.__getitem__)
-  share = res[k] / sum(res)
-  if saving >= LITTLE or share <= DOMINANT:
-    return False
-  name = planner.chain.names[k]
-  if _has_submodules(traced.layers[k]):
-    advice = (f"Pass layer_depth={name.count('/') + 2} to plan its submodules as layers, or "
-              "group its inner blocks into modules called one after the other.")
-  elif (segmented is not None and k not in segmented
-        and any(e.primitive.name in _LOOPS for e in traced.layers[k].eqns)):
-    advice = ("It runs a loop (jax.lax.scan, fori_loop or while_loop) that jaxremat does not "
-              "split: it segments a scan whose carry is the activation and whose xs are "
-              "stacked parameters (nn.scan's form). Wrap the loop's body in jax.checkpoint "
-              "to keep only its carry per iteration, or scan over stacked parameters.")
+  if measured is not None and measured[0] > 0:
+    saving, by = 1 - measured[1] / measured[0], "XLA-measured"
   else:
-    return False
-  warnings.warn(CoarseLayersWarning(
-      f"jaxremat: the plan saves {saving:.0%} of the step's footprint (by the memory model) "
-      f"because layer {name!r} holds {share:.0%} of the residual bytes and checkpoints fall "
-      f"between layers only. {advice}"), stacklevel=3)
-  return True
+    saving, by = 1 - (held + planner.peak_bytes(plan)) / none, "by the memory model"
+  reason = coarse_reason(planner, traced, segmented) if saving < LITTLE else ""
+  if reason:
+    warnings.warn(CoarseLayersWarning(
+        f"jaxremat: the plan saves {saving:.0%} of the step's footprint ({by}); checkpoints "
+        f"fall between layers only, and {reason}"), stacklevel=3)
+  return bool(reason)
+
+
+def coarse_reason(planner: Planner, traced: TracedChain,
+                  segmented: frozenset[int] | None = frozenset()) -> str:
+  """Which layers hide the residuals from checkpoints between layers, and what reaches
+  inside them, in words: one layer holding over ``DOMINANT`` of the residual bytes with
+  submodules of its own, or layers running loops that are not scanned stacks jaxremat
+  plans (not in ``segmented``; None: the user left scans as they are, say nothing of
+  loops) holding that much together; else ``""``."""
+  res = planner.chain.res_bytes
+  if not res or sum(res) <= 0:
+    return ""
+  k = max(range(len(res)), key=res.__getitem__)
+  loops = [i for i, layer in enumerate(traced.layers) if segmented is not None
+           and i not in segmented and any(e.primitive.name in _LOOPS for e in layer.eqns)]
+  names = planner.chain.names
+  if res[k] / sum(res) > DOMINANT and _has_submodules(traced.layers[k]):
+    return (f"layer {names[k]!r} holds {res[k] / sum(res):.0%} of the residual bytes. Pass "
+            f"layer_depth={names[k].count('/') + 2} to plan its submodules as layers, or "
+            "group its inner blocks into modules called one after the other.")
+  share = sum(res[i] for i in loops) / sum(res)
+  if not loops or share <= DOMINANT:
+    return ""
+  listed = ", ".join(repr(names[i]) for i in loops[:3]) + (", ..." if len(loops) > 3 else "")
+  return ((f"layer {listed} holds" if len(loops) == 1 else f"layers {listed} hold")
+          + f" {share:.0%} of the residual bytes in loops (an nn.RNN over time, "
+          "jax.lax.scan, fori_loop or while_loop) that jaxremat does not split: it segments "
+          "a scan whose carry is the activation and whose xs are stacked parameters "
+          "(nn.scan's form). Wrap the loop's body in jax.checkpoint to keep only its carry "
+          "per step (an RNN's cell: nn.RNN(nn.remat(Cell)(...))), or scan over stacked "
+          "parameters.")
 
 
 def _has_submodules(layer: Layer) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from jaxremat._api import checks
-from jaxremat._api.advice import (MIN_SAVING, warn_as_written, warn_if_coarse,
+from jaxremat._api.advice import (MIN_SAVING, coarse_reason, warn_as_written, warn_if_coarse,
                                   warn_boundaries_kept, warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_finer,
@@ -245,12 +245,14 @@ def apply(
     least = verified.get(plan.checkpoints, min(verified.values()))
     saved = as_written - least  # a plan saving (next to) nothing only recomputes
     if saved < 0 or (saved < MIN_SAVING * as_written and (plan.checkpoints or scans)):
-      warn_as_written(as_written, least)
+      warn_as_written(as_written, least, coarse_reason(
+          planner, traced, None if scan_segment is None else frozenset(s.layer for s in scans)))
       plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
       planner, planned_depth, decomposition = first, layer_depth, written.decomposition
   coarse = (chosen and method == "optimal" and plan.method != AS_WRITTEN
             and warn_if_coarse(planner, plan, traced, None if scan_segment is None else
-                               frozenset(s.layer for s in scans)))
+                               frozenset(s.layer for s in scans), _measured_saving(
+                                   as_written, verified, plan)))
   if chosen and method != "none" and not scans and plan.method != AS_WRITTEN:
     warn_one_layer(traced)
     if not plan.checkpoints and len(traced.layers) > 1:
@@ -262,6 +264,15 @@ def apply(
                as_written_bytes=as_written,
                decomposition=decomposition, stage_seconds=dict(clock.seconds),
                target=resolved.name if resolved else None, _planner=planner)
+
+
+def _measured_saving(as_written: int | None, verified: dict[tuple[int, ...], int] | None,
+                     plan: Plan) -> tuple[int, int] | None:
+  """XLA's footprints of the model as written and of ``plan`` (bytes), where both were
+  compiled."""
+  if as_written is None or not verified or plan.checkpoints not in verified:
+    return None
+  return as_written, verified[plan.checkpoints]
 
 
 def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None, refine: bool,
