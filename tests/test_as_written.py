@@ -153,6 +153,16 @@ def test_loops_holding_the_residuals_together_say_how_to_reach_inside_them():
   assert {w.category for w in caught} & {jaxremat.CoarseLayersWarning, jaxremat.NoSavingWarning}
 
 
+def test_fit_says_the_loops_hold_what_no_plan_reaches():
+  """A user's trial: fit called a budget the RNN cell under nn.remat reaches infeasible
+  and said only to raise it."""
+  model, x = TwoRnns(), jnp.ones((8, 64, 16))
+  params = model.init(jax.random.key(0), x)
+  with pytest.raises(jaxremat.InfeasibleBudgetError,
+                     match=r"layers 'rnn_0', 'rnn_1' hold work in loops .*nn.RNN\(nn.remat"):
+    jaxremat.fit(model.apply, params, x, 0.25)
+
+
 def test_a_plan_without_checkpoints_says_the_model_runs_as_written():
   model, x = nn.Sequential([nn.Dense(64), nn.Dense(64), nn.Dense(8)]), jnp.ones((32, 16))
   params = model.init(jax.random.key(0), x)

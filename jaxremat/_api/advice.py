@@ -126,8 +126,7 @@ def coarse_reason(planner: Planner, traced: TracedChain,
   if not res or sum(res) <= 0:
     return ""
   k = max(range(len(res)), key=res.__getitem__)
-  loops = [i for i, layer in enumerate(traced.layers) if segmented is not None
-           and i not in segmented and any(e.primitive.name in _LOOPS for e in layer.eqns)]
+  loops = loop_layers(traced, segmented)
   names = planner.chain.names
   if res[k] / sum(res) > DOMINANT and _has_submodules(traced.layers[k]):
     return (f"layer {names[k]!r} holds {res[k] / sum(res):.0%} of the residual bytes. Pass "
@@ -136,14 +135,26 @@ def coarse_reason(planner: Planner, traced: TracedChain,
   share = sum(res[i] for i in loops) / sum(res)
   if not loops or share <= DOMINANT:
     return ""
-  listed = ", ".join(repr(names[i]) for i in loops[:3]) + (", ..." if len(loops) > 3 else "")
-  return ((f"layer {listed} holds" if len(loops) == 1 else f"layers {listed} hold")
-          + f" {share:.0%} of the residual bytes in loops (an nn.RNN over time, "
-          "jax.lax.scan, fori_loop or while_loop) that jaxremat does not split: it segments "
-          "a scan whose carry is the activation and whose xs are stacked parameters "
-          "(nn.scan's form). Wrap the loop's body in jax.checkpoint to keep only its carry "
-          "per step (an RNN's cell: nn.RNN(nn.remat(Cell)(...))), or scan over stacked "
-          "parameters.")
+  return loop_hint([names[i] for i in loops], f" {share:.0%} of the residual bytes in")
+
+
+def loop_layers(traced: TracedChain, segmented: frozenset[int] | None) -> list[int]:
+  """The layers that run a loop jaxremat does not segment (not in ``segmented``; None:
+  the user left scans as they are, so none is counted)."""
+  return [i for i, layer in enumerate(traced.layers) if segmented is not None
+          and i not in segmented and any(e.primitive.name in _LOOPS for e in layer.eqns)]
+
+
+def loop_hint(names: list[str], holding: str = "") -> str:
+  """That the layers ``names`` run loops checkpoints between layers cannot reach inside
+  (``holding``: what they hold, e.g. `` 80% of the residual bytes in``), and what does."""
+  listed = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+  return ((f"layer {listed} holds" if len(names) == 1 else f"layers {listed} hold")
+          + (holding or " work in") + " loops (an nn.RNN over time, jax.lax.scan, fori_loop "
+          "or while_loop) that jaxremat does not split: it segments a scan whose carry is "
+          "the activation and whose xs are stacked parameters (nn.scan's form). Wrap the "
+          "loop's body in jax.checkpoint to keep only its carry per step (an RNN's cell: "
+          "nn.RNN(nn.remat(Cell)(...))), or scan over stacked parameters.")
 
 
 def _has_submodules(layer: Layer) -> bool:

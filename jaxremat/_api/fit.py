@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from jaxremat._api import checks
-from jaxremat._api.advice import one_layer_hint
+from jaxremat._api.advice import loop_hint, loop_layers, one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.memory_budget import (budget_in_bytes, budget_read_as, check_memory_budget,
                                          is_share)
@@ -197,7 +197,7 @@ def fit(
       except InfeasibleBudgetError as err:
         raise _infeasible(budget, err.min_feasible_bytes, "XLA-measured, the least of the "
                           "plans fit compiled" if verify else "predicted", traced,
-                          read_as) from None
+                          read_as, frozenset(s.layer for s in scans)) from None
     c = found.chosen
     return Fitted(
         fn=drop_in(c.plan), plan=c.plan, costs=c.costs, chain=planner.chain,
@@ -260,11 +260,12 @@ def fit(
         chosen, footprint = layers.groups_of(swept[0]), swept[1]
   if chosen is None:
     if not compiled:
-      raise _infeasible(budget, predicted_least, "predicted", traced, read_as)
+      raise _infeasible(budget, predicted_least, "predicted", traced, read_as,
+                        frozenset(s.layer for s in scans))
     raise _infeasible(budget, min(compiled), f"XLA-measured, the least of the {len(compiled)} "
                       "plans fit compiled; jaxremat.apply(..., verify=True) (apply_nnx for an "
                       "nnx module), which looks for the least footprint, may reach less", traced,
-                      read_as)
+                      read_as, frozenset(s.layer for s in scans))
   timings: list[tuple[str, int, float]] = []
   examined = list(search.tried)
   if timed:
@@ -299,9 +300,11 @@ def fit(
       stage_seconds=dict(clock.seconds))
 
 
-def _infeasible(budget: int, least: int, how: str, traced: TracedChain,
-                read_as: str) -> InfeasibleBudgetError:
-  hint = one_layer_hint(traced)
+def _infeasible(budget: int, least: int, how: str, traced: TracedChain, read_as: str,
+                segmented: frozenset[int]) -> InfeasibleBudgetError:
+  loops = [traced.layers[i].name for i in loop_layers(traced, segmented)]
+  hint = one_layer_hint(traced) or (
+      "Checkpoints fall between layers only, and " + loop_hint(loops) if loops else "")
   return InfeasibleBudgetError(
       f"no plan fits the step in {budget} bytes ({fmt_bytes(budget)}{read_as}); the least "
       f"footprint found is {least} bytes ({fmt_bytes(least)}, {how}). Raise the budget to at "
