@@ -11,6 +11,7 @@ import pytest
 import jaxremat
 from jaxremat import zoo
 from jaxremat._api.loss import training_loss
+from jaxremat._api.planning import fmt_bytes
 
 pytestmark = pytest.mark.xla
 
@@ -93,6 +94,9 @@ def test_a_rematerialised_scan_is_never_made_larger():
   assert warned == (r.plan.method == "as written")
   if r.plan.checkpoints or r.scans:  # a plan that recomputes must save 1% at least
     assert got <= 0.99 * plain
+  else:  # the report's list marks the model as written chosen, not the segmented []
+    chosen = [row for row in r.report().splitlines() if row.endswith("<- chosen")]
+    assert chosen == [f"  {fmt_bytes(plain):>10}  the model as written  <- chosen"]
   assert_same_gradients(model.apply, r.fn, params, x)
 
 

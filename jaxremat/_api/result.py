@@ -175,13 +175,20 @@ class Remat:
                    "compiled)")
     compiled = self.verified or {}
     if len(compiled) > 1:
-      lines.append("plans compiled, XLA-measured (predicted):")
+      written = plan.method == AS_WRITTEN  # not one of them where scans were segmented
+      lines.append("plans compiled, XLA-measured (predicted)" + (
+          ", none of them 1% or more below the model as written (the plans run any scanned "
+          "stack segmented):" if written else ":"))
+      if written and self.as_written_bytes is not None:
+        lines.append(f"  {fmt_bytes(self.as_written_bytes):>10}  the model as written  <- chosen")
       for checkpoints, measured in sorted(compiled.items(), key=lambda kv: kv[1]):
-        same = [m for m, p in plans.items() if p.checkpoints == checkpoints and not p.inner]
+        same = [m for m, p in plans.items()
+                if p.checkpoints == checkpoints and not p.inner and m != AS_WRITTEN]
+        chosen = checkpoints == plan.checkpoints and not plan.inner and not written
         lines.append(
             f"  {fmt_bytes(measured):>10} ({fmt_bytes(planner.total_bytes(Plan(checkpoints)))})"
             f"  {list(checkpoints)}{'  = ' + ', '.join(same) if same else ''}"
-            f"{'  <- chosen' if checkpoints == plan.checkpoints and not plan.inner else ''}")
+            f"{'  <- chosen' if chosen else ''}")
     for s in self.scans:
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "
