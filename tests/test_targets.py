@@ -16,6 +16,7 @@ from flax import nnx
 import jaxremat
 from jaxremat import zoo
 from jaxremat._api.checks import default_profile
+from jaxremat._api.planning import fmt_bytes
 from jaxremat._backends import targets
 from jaxremat._errors import InvalidArgumentError, TargetUnavailableError
 from scan_models import ScannedMLP
@@ -239,6 +240,10 @@ def test_apply_plans_for_the_target_from_abstract_inputs():
   assert r.measured_total_bytes <= plain.total_bytes
   # The replay places XLA's values as XLA's GPU heap does, gaps included (here 2.1 MB).
   assert r.predict_total_bytes(jaxremat.Plan()) == plain.total_bytes
+  # the H100 config declares 85520809984 bytes (79.65 GiB) of device memory
+  assert r.device_memory_bytes == 85520809984
+  assert (f"the h100's device memory 79.65 GiB: the chosen plan's gradient step "
+          f"({fmt_bytes(r.measured_total_bytes)}) fits, the model as written") in r.report()
   assert jaxremat.apply(model.apply, params, x, target="h100", profile="jaxpr",
                         verify=False).profile == "jaxpr"
 

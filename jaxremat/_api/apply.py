@@ -263,7 +263,8 @@ def apply(
                fixed_bytes=planner.fixed_bytes, verified=verified, scans=scans,
                as_written_bytes=as_written,
                decomposition=decomposition, stage_seconds=dict(clock.seconds),
-               target=resolved.name if resolved else None, _planner=planner)
+               target=resolved.name if resolved else None, _planner=planner,
+               device_memory_bytes=resolved.memory_bytes if resolved else None)
 
 
 def _measured_saving(as_written: int | None, verified: dict[tuple[int, ...], int] | None,

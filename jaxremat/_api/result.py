@@ -18,6 +18,8 @@ from jaxremat.solvers import solve
 
 #: ``Plan.method`` of the plan ``apply`` returns when it runs the model as written.
 AS_WRITTEN = "as written"
+#: A step above this share of the device's memory may have been rematerialised by XLA.
+XLA_REMAT_SHARE = 0.9
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -45,6 +47,8 @@ class Remat:
       written (no checkpoints, its scans as they are), when ``apply`` compiled plans
       (by default it does); where no plan compiled below it, ``plan`` is
       ``Plan((), method="as written")`` and ``fn`` runs the model unchanged.
+    device_memory_bytes: the memory of ``target``'s device (bytes), where its config
+      declares it; the report says whether the step fits in it.
   """
 
   fn: Callable[..., Any]
@@ -58,6 +62,7 @@ class Remat:
   target: str | None = None
   stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
   as_written_bytes: int | None = None
+  device_memory_bytes: int | None = None
   _planner: Planner | None = dataclasses.field(default=None, repr=False)
 
   @property
@@ -134,6 +139,21 @@ class Remat:
     plans += [(method, solve(chain, method)) for method in compare]
     plot_timelines(path, chain, plans, title=title or f"{chain.n} layers")
 
+  def _device_line(self, memory: int) -> str:
+    """Whether the chosen plan's step (XLA's figure, else the prediction) and the model as
+    written fit in the device's ``memory`` (bytes), in a sentence."""
+    step = self.measured_total_bytes or self._model.total_bytes(self.plan)
+    text = (f"the {self.target}'s device memory {fmt_bytes(memory)}: the chosen plan's "
+            f"gradient step ({fmt_bytes(step)}) {'fits' if step <= memory else 'does not fit'}")
+    written = self.as_written_bytes if self.plan.method != AS_WRITTEN else None
+    if written is not None:
+      text += (f", the model as written ({fmt_bytes(written)}) "
+               + ("fits" if written <= memory else "does not fit"))
+    if max(step, written or 0) > XLA_REMAT_SHARE * memory:  # XLA's own remat may have run
+      text += (" (XLA rematerialises a step near or above the device's memory on its own: "
+               "these figures are after that)")
+    return text
+
   def report(self) -> str:
     """A per-layer table and the predicted peak of each strategy."""
     planner, plan = self._model, self.plan
@@ -173,6 +193,8 @@ class Remat:
                    f"(predicted {fmt_bytes(predicted)}: {abs(off):.1%} "
                    f"{'low' if off < 0 else 'high'}; {len(self.verified or {})} plan(s) "
                    "compiled)")
+    if self.device_memory_bytes:
+      lines.append(self._device_line(self.device_memory_bytes))
     compiled = self.verified or {}
     if len(compiled) > 1:
       written = plan.method == AS_WRITTEN  # not one of them where scans were segmented
