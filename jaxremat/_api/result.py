@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from jaxremat._api.advice import MIN_SAVING
 from jaxremat._api.planner import ChainPlanner, Planner
 from jaxremat._api.planning import fmt_bytes
 from jaxremat._errors import NotAChainError
@@ -199,8 +200,8 @@ class Remat:
     if len(compiled) > 1:
       written = plan.method == AS_WRITTEN  # not one of them where scans were segmented
       lines.append("plans compiled, XLA-measured (predicted)" + (
-          ", none of them 1% or more below the model as written (the plans run any scanned "
-          "stack segmented):" if written else ":"))
+          f", none of them {MIN_SAVING:.0%} or more below the model as written (the plans "
+          "run any scanned stack segmented):" if written else ":"))
       if written and self.as_written_bytes is not None:
         lines.append(f"  {fmt_bytes(self.as_written_bytes):>10}  the model as written  <- chosen")
       for checkpoints, measured in sorted(compiled.items(), key=lambda kv: kv[1]):
