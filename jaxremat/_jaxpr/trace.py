@@ -129,7 +129,8 @@ def flax_hint(err: BaseException) -> str:
 def integer_hint(err: BaseException, batch: Any) -> str:
   """What to pass when the model asked for integer inputs (``nn.Embed``'s token ids) and
   the batch holds floats, in words; else ``""``."""
-  floats = any(jax.numpy.issubdtype(x.dtype, jax.numpy.floating) for x in jax.tree_util.tree_leaves(batch))
+  floats = any(jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
+               for x in jax.tree_util.tree_leaves(batch))
   if not (floats and "integer" in str(err)):
     return ""
   return ("The model asks for integers (token ids, as nn.Embed does) and the batch holds "
