@@ -192,9 +192,12 @@ def _flag_hint(err: Exception, dtype: str) -> str:
   where it takes integers (``nn.Embed``'s token ids), in the CLI's flags."""
   missing = flax_missing(err)
   if missing is None:
-    floats = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    try:
+      floats = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    except TypeError:  # not a dtype: the model's error stands alone
+      return ""
     return ("It takes integer inputs (token ids, as nn.Embed does): --dtype int32."
-            if floats and "integer" in str(err) else "")
+            if floats and "must be an integer" in str(err) else "")
   keyword, name = missing
   if keyword == "rngs":
     return f"Name its rng stream: --rngs {name}."

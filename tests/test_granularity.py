@@ -402,27 +402,52 @@ def test_blocks_under_nn_remat_keep_their_names_and_are_layers():
   _assert_close(jax.grad(loss(model.apply))(params), jax.grad(loss(r.fn))(params))
 
 
+class _Twice(nn.Module):
+  relu: bool
+
+  @nn.compact
+  def __call__(self, x):
+    d = nn.Dense(x.shape[-1])
+    x = d(d(x))
+    return nn.relu(x) if self.relu else x
+
+
+class _Siamese(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    enc = _Block(name="enc")
+    return nn.Dense(4)(jnp.concatenate([enc(x["a"]), enc(x["b"])], -1))
+
+
+class _SharedRemat(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    blk = nn.remat(_Block)(name="blk")
+    for _ in range(3):
+      x = blk(x)
+    return nn.Dense(4)(x)
+
+
 @pytest.mark.filterwarnings("ignore::jaxremat.CoarseLayersWarning")
-def test_a_module_whose_work_does_not_repeat_stays_one_layer():
-  """Call splitting needs all the module's equations to repeat, primitive and module
-  path alike: a block that applies one child twice, then a relu, is one layer."""
-
-  class Twice(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      d = nn.Dense(x.shape[-1])
-      return nn.relu(d(d(x)))
-
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return nn.Dense(4)(Twice(name="twice")(nn.Dense(16)(x)))
-
+@pytest.mark.filterwarnings("ignore::jaxremat.NoSavingWarning")
+def test_calls_are_layers_only_when_the_module_itself_is_called_in_a_loop():
+  """A review: a module applying one child twice in one call (with or without more work
+  after it) is one call; a shared encoder called side by side on two inputs (Siamese)
+  is not a loop, and stays one layer of a chain; a shared nn.remat block called in a
+  loop (a checkpoint equation per call) is a layer per call."""
   x = jnp.ones((8, 16))
-  model = Model()
-  params = model.init(jax.random.key(0), x)
-  r = jaxremat.apply(model.apply, params, x, layer_depth=1, verify=False)
-  assert r.chain.names == ("Dense_1", "twice", "Dense_0")  # Dense(4) is made first
+  for relu in (True, False):
+    model = nn.Sequential([nn.Dense(16), _Twice(relu), nn.Dense(4)])
+    params = model.init(jax.random.key(0), x)
+    r = jaxremat.apply(model.apply, params, x, layer_depth=1, verify=False)
+    assert r.chain.names == ("layers_0", "layers_1", "layers_2")
+  pair = {"a": x, "b": x + 1}
+  params = _Siamese().init(jax.random.key(0), pair)
+  r = jaxremat.apply(_Siamese().apply, params, pair, verify=False)
+  assert r.chain.names[0] == "enc" and "enc#2" not in r.chain.names and not r.is_graph
+  params = _SharedRemat().init(jax.random.key(0), x)
+  r = jaxremat.apply(_SharedRemat().apply, params, x, verify=False)
+  assert r.chain.names == ("blk", "blk#2", "blk#3", "Dense_0")
 
 
 class _AuxBlock(nn.Module):

@@ -135,7 +135,7 @@ def coarse_reason(planner: Planner, traced: TracedChain,
   share = sum(res[i] for i in loops) / sum(res)
   if not loops or share <= DOMINANT:
     return ""
-  return loop_hint([names[i] for i in loops], f" {share:.0%} of the residual bytes in")
+  return loop_hint([names[i] for i in loops], share)
 
 
 def loop_layers(traced: TracedChain, segmented: frozenset[int] | None) -> list[int]:
@@ -145,16 +145,17 @@ def loop_layers(traced: TracedChain, segmented: frozenset[int] | None) -> list[i
           and i not in segmented and any(e.primitive.name in _LOOPS for e in layer.eqns)]
 
 
-def loop_hint(names: list[str], holding: str = "") -> str:
-  """That the layers ``names`` run loops checkpoints between layers cannot reach inside
-  (``holding``: what they hold, e.g. `` 80% of the residual bytes in``), and what does."""
+def loop_hint(names: list[str], share: float) -> str:
+  """That the layers ``names``, holding ``share`` of the residual bytes, run loops that
+  checkpoints between layers cannot reach inside, and what does."""
   listed = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
   return ((f"layer {listed} holds" if len(names) == 1 else f"layers {listed} hold")
-          + (holding or " work in") + " loops (an nn.RNN over time, jax.lax.scan, fori_loop "
-          "or while_loop) that jaxremat does not split: it segments a scan whose carry is "
-          "the activation and whose xs are stacked parameters (nn.scan's form). Wrap the "
-          "loop's body in jax.checkpoint to keep only its carry per step (an RNN's cell: "
-          "nn.RNN(nn.remat(Cell)(...))), or scan over stacked parameters.")
+          + f" {share:.0%} of the residual bytes in loops (an nn.RNN over time, "
+          "jax.lax.scan, fori_loop or while_loop) that jaxremat does not split: it segments "
+          "a scan whose carry is the activation and whose xs are stacked parameters "
+          "(nn.scan's form). Wrap the loop's body in jax.checkpoint to keep only its carry "
+          "per step (an RNN's cell: nn.RNN(nn.remat(Cell)(...))), or scan over stacked "
+          "parameters.")
 
 
 def _has_submodules(layer: Layer) -> bool:

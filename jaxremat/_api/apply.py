@@ -62,8 +62,8 @@ def apply(
       no budget.
     plan: use these checkpoints instead of solving.
     layer_depth: name-stack depth that defines a layer, exactly (1: the root module's
-      children, 2: theirs); each call of a module called several times in a row (shared
-      weights) is a layer. Default: the root module's children, each split into its own
+      children, 2: theirs); each call of a module called in a loop, each call reading
+      the last (shared weights), is a layer. Default: the root module's children, each split into its own
       children where it makes a large share of the activation bytes and the layers stay
       a chain (the blocks inside an ``Encoder``); ``Remat.decomposition`` says why.
       ``"search"``: those layers, then one level below them and, while XLA measures

@@ -57,7 +57,7 @@ def check_loss_output(traced: TracedChain, model_kwargs: dict[str, Any], loss_fn
   except Exception as err:  # the user's function on the model's output, not jaxremat's
     how = ("with mutable= the output without its updated collections (the logits alone, "
            "not (logits, state): loss_fn=lambda logits: xent(logits))"
-           if "mutable" in model_kwargs else "the output as the model returns it: for a "
+           if model_kwargs.get("mutable") else "the output as the model returns it: for a "
            "tuple or a dict, pick the part the loss reads (loss_fn=lambda out: "
            "xent(out[0]) or xent(out['logits']))")
     raise InvalidArgumentError(

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from jaxremat._api import checks
-from jaxremat._api.advice import loop_hint, loop_layers, one_layer_hint
+from jaxremat._api.advice import coarse_reason, one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.memory_budget import (budget_in_bytes, budget_read_as, check_memory_budget,
                                          is_share)
@@ -182,6 +182,7 @@ def fit(
                                resolved, jax.default_backend()) == "compiled" else None,
                            required=False)
   fixed = planner.fixed_bytes
+  segmented = frozenset(s.layer for s in scans)  # the scanned stacks fit segments
   if not verify:
     kept = no_remat = planner.total_bytes(Plan())  # a scanned stack's: segmented
   else:  # the compiled profile's compile measured the plain step already
@@ -197,7 +198,7 @@ def fit(
       except InfeasibleBudgetError as err:
         raise _infeasible(budget, err.min_feasible_bytes, "XLA-measured, the least of the "
                           "plans fit compiled" if verify else "predicted", traced,
-                          read_as, frozenset(s.layer for s in scans)) from None
+                          read_as, coarse_reason(planner, traced, segmented)) from None
     c = found.chosen
     return Fitted(
         fn=drop_in(c.plan), plan=c.plan, costs=c.costs, chain=planner.chain,
@@ -261,11 +262,11 @@ def fit(
   if chosen is None:
     if not compiled:
       raise _infeasible(budget, predicted_least, "predicted", traced, read_as,
-                        frozenset(s.layer for s in scans))
+                        coarse_reason(planner, traced, segmented))
     raise _infeasible(budget, min(compiled), f"XLA-measured, the least of the {len(compiled)} "
                       "plans fit compiled; jaxremat.apply(..., verify=True) (apply_nnx for an "
                       "nnx module), which looks for the least footprint, may reach less", traced,
-                      read_as, frozenset(s.layer for s in scans))
+                      read_as, coarse_reason(planner, traced, segmented))
   timings: list[tuple[str, int, float]] = []
   examined = list(search.tried)
   if timed:
@@ -301,10 +302,11 @@ def fit(
 
 
 def _infeasible(budget: int, least: int, how: str, traced: TracedChain, read_as: str,
-                segmented: frozenset[int]) -> InfeasibleBudgetError:
-  loops = [traced.layers[i].name for i in loop_layers(traced, segmented)]
+                reason: str) -> InfeasibleBudgetError:
+  """The error for a budget no plan meets, with ``coarse_reason``'s ``reason`` (layers
+  that hold most of the residuals where checkpoints between layers cannot reach)."""
   hint = one_layer_hint(traced) or (
-      "Checkpoints fall between layers only, and " + loop_hint(loops) if loops else "")
+      f"Checkpoints fall between layers only, and {reason}" if reason else "")
   return InfeasibleBudgetError(
       f"no plan fits the step in {budget} bytes ({fmt_bytes(budget)}{read_as}); the least "
       f"footprint found is {least} bytes ({fmt_bytes(least)}, {how}). Raise the budget to at "

@@ -21,6 +21,8 @@ from jaxremat.solvers import solve
 AS_WRITTEN = "as written"
 #: A step above this share of the device's memory may have been rematerialised by XLA.
 XLA_REMAT_SHARE = 0.9
+#: The share of a GPU's memory JAX's allocator preallocates by default.
+JAX_MEMORY_FRACTION = 0.75
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -142,14 +144,18 @@ class Remat:
 
   def _device_line(self, memory: int) -> str:
     """Whether the chosen plan's step (XLA's figure, else the prediction) and the model as
-    written fit in the device's ``memory`` (bytes), in a sentence."""
+    written fit in the share of the device's ``memory`` (bytes) JAX's allocator takes by
+    default, in a sentence."""
+    usable = int(JAX_MEMORY_FRACTION * memory)
     step = self.measured_total_bytes or self._model.total_bytes(self.plan)
-    text = (f"the {self.target}'s device memory {fmt_bytes(memory)}: the chosen plan's "
-            f"gradient step ({fmt_bytes(step)}) {'fits' if step <= memory else 'does not fit'}")
+    text = (f"the {self.target}'s device memory {fmt_bytes(memory)}, of which JAX's allocator "
+            f"takes {JAX_MEMORY_FRACTION:.0%} by default ({fmt_bytes(usable)}; "
+            "XLA_PYTHON_CLIENT_MEM_FRACTION sets the share): the chosen plan's gradient step "
+            f"({fmt_bytes(step)}) {'fits' if step <= usable else 'does not fit'}")
     written = self.as_written_bytes if self.plan.method != AS_WRITTEN else None
     if written is not None:
       text += (f", the model as written ({fmt_bytes(written)}) "
-               + ("fits" if written <= memory else "does not fit"))
+               + ("fits" if written <= usable else "does not fit"))
     if max(step, written or 0) > XLA_REMAT_SHARE * memory:  # XLA's own remat may have run
       text += (" (XLA rematerialises a step near or above the device's memory on its own: "
                "these figures are after that)")

@@ -13,6 +13,7 @@ become the layers, wherever they sit (a U-Net's too, planned as a graph).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -242,24 +243,40 @@ def _keyed(eqns: Sequence[Any], stacks: Sequence[Key], depth: int,
       runs.append((key, [eqn], [stack]))
   groups: list[tuple[Key, list]] = []
   for key, run, run_stacks in runs:
-    period = _call_period(run, run_stacks, len(key)) if key[0] else len(run)
+    period = _call_period(run, run_stacks, key) if key[0] else len(run)
     groups.extend((key, run[i:i + period]) for i in range(0, len(run), period))
   return groups
 
 
-def _call_period(eqns: Sequence[Any], stacks: Sequence[Key], depth: int) -> int:
-  """The equations of one call when ``eqns`` are consecutive calls of one module (a block
-  whose weights are shared, called in a loop): the least period over which the
-  equations repeat, primitive and name stack alike, that holds work of a child module
-  (below ``depth`` components); ``len(eqns)`` when they do not repeat."""
+def _call_period(eqns: Sequence[Any], stacks: Sequence[Key], key: Key) -> int:
+  """The equations of one call when ``eqns`` are consecutive calls of the module ``key``,
+  each reading the one before (a block whose weights are shared, called in a loop): the
+  least period over which the equations repeat, primitive and module path alike, whose
+  equations sit in ``key`` itself (not all in one child: a child called twice within one
+  call), with work of a child module or a checkpoint call (``nn.remat(Block)``) in it;
+  ``len(eqns)`` when there is none."""
   n = len(eqns)
-  for period in range(2, n // 2 + 1):
-    if n % period or not any(len(s) > depth for s in stacks[:period]):
+  for period in range(1, n // 2 + 1):
+    head = stacks[:period]
+    if (n % period or len(os.path.commonprefix(list(head))) != len(key)
+        or not any(len(s) > len(key) or e.primitive.name in _compat.REMAT_PRIMITIVES
+                   for s, e in zip(head, eqns))):
       continue
     if all(stacks[i] == stacks[i - period]
            and eqns[i].primitive is eqns[i - period].primitive for i in range(period, n)):
-      return period
+      return period if _chained(eqns, period) else n
   return n
+
+
+def _chained(eqns: Sequence[Any], period: int) -> bool:
+  """Whether each ``period`` of ``eqns`` reads a value the one before it made (calls in
+  a loop, not side by side on other inputs: a Siamese encoder's two calls)."""
+  for start in range(period, len(eqns), period):
+    made = {v for e in eqns[start - period:start] for v in e.outvars}
+    if not any(v in made for e in eqns[start:start + period] for v in e.invars
+               if not isinstance(v, _compat.Literal)):
+      return False
+  return True
 
 
 def _named(keyed: list[tuple[Key, list]], drop: int,

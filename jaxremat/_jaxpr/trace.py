@@ -131,7 +131,7 @@ def integer_hint(err: BaseException, batch: Any) -> str:
   the batch holds floats, in words; else ``""``."""
   floats = any(jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
                for x in jax.tree_util.tree_leaves(batch))
-  if not (floats and "integer" in str(err)):
+  if not (floats and "must be an integer" in str(err)):  # nn.Embed's, nnx.Embed's
     return ""
   return ("The model asks for integers (token ids, as nn.Embed does) and the batch holds "
           "floats: pass integer inputs (batch.astype(jnp.int32); on the command line, "
