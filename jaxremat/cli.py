@@ -19,7 +19,7 @@ import jaxremat
 from jaxremat import _bench
 from jaxremat._cli_model import model_inputs
 from jaxremat._demo import DEMO_MODELS, format_demo, run_demo
-from jaxremat._jaxpr.trace import flax_missing
+from jaxremat._jaxpr.trace import asks_for_integers, flax_missing
 
 
 def _budget_bytes(text: str) -> int:
@@ -197,7 +197,7 @@ def _flag_hint(err: Exception, dtype: str) -> str:
     except TypeError:  # not a dtype: the model's error stands alone
       return ""
     return ("It takes integer inputs (token ids, as nn.Embed does): --dtype int32."
-            if floats and "must be an integer" in str(err) else "")
+            if floats and asks_for_integers(err) else "")
   keyword, name = missing
   if keyword == "rngs":
     return f"Name its rng stream: --rngs {name}."

@@ -63,9 +63,9 @@ def apply(
     plan: use these checkpoints instead of solving.
     layer_depth: name-stack depth that defines a layer, exactly (1: the root module's
       children, 2: theirs); each call of a module called in a loop, each call reading
-      the last (shared weights), is a layer. Default: the root module's children, each split into its own
-      children where it makes a large share of the activation bytes and the layers stay
-      a chain (the blocks inside an ``Encoder``); ``Remat.decomposition`` says why.
+      the last (shared weights), is a layer. Default: the root module's children, each
+      split into its own children where it makes a large share of the activation bytes
+      and the layers stay a chain (the blocks inside an ``Encoder``); ``Remat.decomposition`` says why.
       ``"search"``: those layers, then one level below them and, while XLA measures
       less, a second (a transformer's blocks split into their attention and MLP,
       planned as a graph); each level's optimal plan confirmed as by default (up to 4
@@ -236,6 +236,8 @@ def apply(
       least, verified = finer.footprint, finer.compiled
       decomposition = finer_note(finer, coarse)
   as_written = None
+  # the scanned stacks the plan segments (None: the user left scans as they are)
+  segmented = None if scan_segment is None else frozenset(s.layer for s in scans)
   # Compiled plans, all of jaxremat's choosing: never return one above the model as written.
   if chosen and budget is None and verified and scan_segment in ("auto", None):
     if first.replay and first.replay.plain_bytes:
@@ -245,14 +247,12 @@ def apply(
     least = verified.get(plan.checkpoints, min(verified.values()))
     saved = as_written - least  # a plan saving (next to) nothing only recomputes
     if saved < 0 or (saved < MIN_SAVING * as_written and (plan.checkpoints or scans)):
-      warn_as_written(as_written, least, coarse_reason(
-          planner, traced, None if scan_segment is None else frozenset(s.layer for s in scans)))
+      warn_as_written(as_written, least, coarse_reason(planner, traced, segmented))
       plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
       planner, planned_depth, decomposition = first, layer_depth, written.decomposition
   coarse = (chosen and method == "optimal" and plan.method != AS_WRITTEN
-            and warn_if_coarse(planner, plan, traced, None if scan_segment is None else
-                               frozenset(s.layer for s in scans), _measured_saving(
-                                   as_written, verified, plan)))
+            and warn_if_coarse(planner, plan, traced, segmented,
+                               _measured_saving(as_written, verified, plan)))
   if chosen and method != "none" and not scans and plan.method != AS_WRITTEN:
     warn_one_layer(traced)
     if not plan.checkpoints and len(traced.layers) > 1:

@@ -126,12 +126,17 @@ def flax_hint(err: BaseException) -> str:
           f"training): pass mutable=[{name!r}] to jaxremat as to model.apply.")
 
 
+def asks_for_integers(err: BaseException) -> bool:
+  """Whether ``err`` is ``nn.Embed``'s (or ``nnx.Embed``'s) refusal of non-integer inputs."""
+  return "must be an integer" in str(err)
+
+
 def integer_hint(err: BaseException, batch: Any) -> str:
   """What to pass when the model asked for integer inputs (``nn.Embed``'s token ids) and
   the batch holds floats, in words; else ``""``."""
   floats = any(jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
                for x in jax.tree_util.tree_leaves(batch))
-  if not (floats and "must be an integer" in str(err)):  # nn.Embed's, nnx.Embed's
+  if not (floats and asks_for_integers(err)):
     return ""
   return ("The model asks for integers (token ids, as nn.Embed does) and the batch holds "
           "floats: pass integer inputs (batch.astype(jnp.int32); on the command line, "
