@@ -135,7 +135,8 @@ def coarse_reason(planner: Planner, traced: TracedChain,
   share = sum(res[i] for i in loops) / sum(res)
   if not loops or share <= DOMINANT:
     return ""
-  return loop_hint([names[i] for i in loops], share)
+  return loop_hint([names[i] for i in loops], share,
+                   all(_loop_body_remat(traced.layers[i]) for i in loops))
 
 
 def loop_layers(traced: TracedChain, segmented: frozenset[int] | None) -> list[int]:
@@ -145,17 +146,31 @@ def loop_layers(traced: TracedChain, segmented: frozenset[int] | None) -> list[i
           and i not in segmented and any(e.primitive.name in _LOOPS for e in layer.eqns)]
 
 
-def loop_hint(names: list[str], share: float) -> str:
+def loop_hint(names: list[str], share: float, body_remat: bool = False) -> str:
   """That the layers ``names``, holding ``share`` of the residual bytes, run loops that
-  checkpoints between layers cannot reach inside, and what does."""
+  checkpoints between layers cannot reach inside, and what does (``body_remat``: the
+  loops' bodies run under a checkpoint already)."""
   listed = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
-  return ((f"layer {listed} holds" if len(names) == 1 else f"layers {listed} hold")
+  held = ((f"layer {listed} holds" if len(names) == 1 else f"layers {listed} hold")
           + f" {share:.0%} of the residual bytes in loops (an nn.RNN over time, "
-          "jax.lax.scan, fori_loop or while_loop) that jaxremat does not split: it segments "
-          "a scan whose carry is the activation and whose xs are stacked parameters "
-          "(nn.scan's form). Wrap the loop's body in jax.checkpoint to keep only its carry "
-          "per step (an RNN's cell: nn.RNN(nn.remat(Cell)(...))), or scan over stacked "
-          "parameters.")
+          "jax.lax.scan, fori_loop or while_loop) that jaxremat does not split")
+  if body_remat:
+    return (held + ". Their bodies are rematerialised already (jax.checkpoint or nn.remat "
+            "inside), so each step keeps its carry alone: to keep fewer, run the loop as an "
+            "outer loop over chunks of steps, each chunk under jax.checkpoint, or shorten "
+            "the sequence or the batch.")
+  return (held + ": it segments a scan whose carry is the activation and whose xs are "
+          "stacked parameters (nn.scan's form). Wrap the loop's body in jax.checkpoint to "
+          "keep only its carry per step (an RNN's cell: nn.RNN(nn.remat(Cell)(...))), or "
+          "scan over stacked parameters.")
+
+
+def _loop_body_remat(layer: Layer) -> bool:
+  """True when every loop of ``layer`` runs a checkpoint inside its body."""
+  return all(any(e.primitive.name in _compat.REMAT_PRIMITIVES
+                 for body in _compat.param_jaxprs(loop.params)
+                 for e in _compat.all_eqns(body.eqns))
+             for loop in layer.eqns if loop.primitive.name in _LOOPS)
 
 
 def _has_submodules(layer: Layer) -> bool:
