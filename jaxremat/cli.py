@@ -19,7 +19,7 @@ import jaxremat
 from jaxremat import _bench
 from jaxremat._cli_model import model_inputs
 from jaxremat._demo import DEMO_MODELS, format_demo, run_demo
-from jaxremat._jaxpr.trace import asks_for_integers, flax_missing
+from jaxremat._jaxpr.trace import asks_for_integers, flax_missing, missing_inputs
 
 
 def _budget_bytes(text: str) -> int:
@@ -188,9 +188,15 @@ def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None
 
 
 def _flag_hint(err: Exception, dtype: str) -> str:
-  """flax's errors of a call missing its arguments (``flax_missing``), or of float inputs
+  """flax's errors of a call missing its arguments (``flax_missing``), a model taking more
+  inputs than the batch (``missing_inputs``), or of float inputs
   where it takes integers (``nn.Embed``'s token ids), in the CLI's flags."""
   missing = flax_missing(err)
+  if inputs := missing_inputs(err):
+    return ("The command line passes the model one random batch: plan a module whose "
+            f"__call__ takes the batch alone ({', '.join(map(repr, inputs))} made inside "
+            "it), or call jaxremat from Python with the other inputs by keyword "
+            f"(jaxremat.apply(model.apply, params, x, {inputs[0]}={inputs[0]})).")
   if missing is None:
     try:
       floats = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)

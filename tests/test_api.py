@@ -241,6 +241,33 @@ def test_flaxs_errors_of_a_missing_rng_or_mutable_say_what_to_pass():
     assert hint in note and "to jaxremat as to model.apply" in note
 
 
+class Denoiser(nn.Module):
+  """A diffusion-style model: a noisy batch and its timesteps."""
+
+  @nn.compact
+  def __call__(self, x, t):
+    return nn.Dense(4)(nn.relu(nn.Dense(16)(x) + t[:, None]))
+
+
+@pytest.mark.filterwarnings("ignore::jaxremat.NoSavingWarning")  # three small layers
+def test_a_model_of_two_inputs_says_to_pass_the_other_by_keyword():
+  """A user's trial: a diffusion U-Net's timestep; the note said the batch is the one
+  positional input, not how to pass the other."""
+  x, t = jnp.ones((8, 5)), jnp.linspace(0, 1, 8)
+  params = Denoiser().init(jax.random.key(0), x, t)
+  with pytest.raises(TypeError) as raised:
+    jaxremat.apply(Denoiser().apply, params, x)
+  note = "\n".join(getattr(raised.value, "__notes__", []))
+  assert "more inputs than the batch ('t')" in note
+  assert "jaxremat.apply(model.apply, params, batch, t=t)" in note
+  r = jaxremat.apply(Denoiser().apply, params, x, t=t, verify=False)
+  np.testing.assert_allclose(r.fn(params, x, t=2 * t), Denoiser().apply(params, x, 2 * t),
+                             rtol=1e-6)
+  with pytest.raises(jaxremat.InvalidArgumentError, match=r"got an array of shape \(8,\): "
+                     r"the model's other inputs go by keyword"):
+    jaxremat.fit(Denoiser().apply, params, x, t)
+
+
 def test_float_tokens_into_an_embedding_say_to_pass_integers():
   """A user's trial: float token ids into nn.Embed got the general note."""
   class Lm(nn.Module):

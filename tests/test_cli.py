@@ -251,6 +251,21 @@ def test_plan_warns_when_the_batch_shape_lacks_the_batch_axis(capsys):
   assert "BatchAxisWarning" not in capsys.readouterr().err
 
 
+def test_plan_says_how_to_plan_a_model_of_two_inputs(tmp_path, monkeypatch, capsys):
+  """A user's trial: a diffusion U-Net taking (x, t) gave a raw traceback."""
+  (tmp_path / "denoiser.py").write_text(
+      "import flax.linen as nn\n"
+      "class Net(nn.Module):\n"
+      "  @nn.compact\n"
+      "  def __call__(self, x, t):\n"
+      "    return nn.Dense(4)(x) + t[:, None]\n")
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["plan", "denoiser:Net", "--batch-shape", "2,4"]) == 2
+  err = capsys.readouterr().err
+  assert "missing 1 required positional argument: 't'" in err
+  assert "passes the model one random batch" in err and "t=t" in err
+
+
 def test_plan_says_a_token_model_takes_integer_inputs(capsys):
   """A user's trial: the default float batch into a GPT gave flax's traceback."""
   args = ["plan", "jaxremat.zoo:gpt", "--batch-shape", "2,16"]

@@ -11,9 +11,13 @@ from jaxremat._errors import InvalidArgumentError, InvalidBudgetError
 def check_memory_budget(memory_budget: object) -> None:
   """Raises unless ``memory_budget`` is a positive finite number (not a bool)."""
   if isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real):
+    shape = getattr(memory_budget, "shape", None)
+    got = (f"an array of shape {tuple(shape)}: the model's other inputs go by keyword, "
+           "fit(model.apply, params, batch, 0.5, t=t)" if shape is not None else
+           f"{type(memory_budget).__name__} {memory_budget!r}")
     raise InvalidArgumentError(
         f"memory_budget must be a share of the activations in (0, 1] or a number of bytes, "
-        f"got {type(memory_budget).__name__} {memory_budget!r}.")
+        f"got {got}.")
   value = float(memory_budget)
   if not value > 0 or value == float("inf"):
     raise InvalidBudgetError(

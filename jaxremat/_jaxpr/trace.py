@@ -143,6 +143,29 @@ def integer_hint(err: BaseException, batch: Any) -> str:
           "--dtype int32).")
 
 
+def missing_inputs(err: BaseException) -> list[str]:
+  """The positional parameters a ``TypeError`` of the model's call says it lacks (a model
+  taking more inputs than the batch: a diffusion model's timestep); else ``[]``."""
+  found = re.search(r"missing \d+ required positional arguments?: (.*)$", str(err).splitlines()[0]
+                    if str(err) else "")
+  if not isinstance(err, TypeError) or found is None:
+    return []
+  return re.findall(r"'([^']+)'", found.group(1))
+
+
+def inputs_hint(err: BaseException) -> str:
+  """What to pass when the model takes more positional inputs than the batch, in words;
+  else ``""``."""
+  names = missing_inputs(err)
+  if not names:
+    return ""
+  given = ", ".join(f"{n}={n}" for n in names)
+  return (f"The model takes more inputs than the batch ({', '.join(map(repr, names))}): "
+          f"pass them by keyword, jaxremat.apply(model.apply, params, batch, {given}), "
+          "as model.apply takes them; arrays given so are inputs of the step, as the batch "
+          "is.")
+
+
 def _model_raised_note(params: Any, batch: Any, nnx: bool, hint: str = "") -> str:
   """What jaxremat called when the model raised: the params' top-level keys, the batch's
   shapes and dtypes, and how ``model_fn`` is called (an nnx module: ``model(batch)``)."""
@@ -200,7 +223,7 @@ def trace(
   except Exception as err:
     err.add_note(_model_raised_note(params, specs[1], nnx=any(
         k.startswith(NNX_KWARGS) for k in kwargs), hint=flax_hint(err) or integer_hint(
-            err, specs[1])))
+            err, specs[1]) or inputs_hint(err)))
     raise
   out_tree = jax.tree_util.tree_structure(out_shape)
   jaxpr, consts = _unwrap_calls(closed.jaxpr, list(closed.consts))
