@@ -314,7 +314,8 @@ CASES = [
          r"budget_bytes=1000 \(1000 B\) is below the \d+ bytes \(\d+\.\d\d KiB\) that the "
          r"parameters, the batch and the parameter gradients hold in every training step"),
     Case("budget-below-least", lambda: apply_mlp(budget_bytes=BELOW_LEAST),
-         jaxremat.InfeasibleBudgetError, r"below the least footprint of the plans jaxremat tried as XLA compiles the step: \d+ bytes \(\d+\.\d\d KiB\)"),
+         jaxremat.InfeasibleBudgetError, r"below the least footprint XLA compiled for the \d+ plans jaxremat tried, the "
+         r"least-peak plan among them: \d+ bytes \(\d+\.\d\d KiB\)"),
     Case("budget-negative", lambda: apply_mlp(budget_bytes=-5),
          jaxremat.InvalidBudgetError, "non-negative number of bytes, got -5"),
     Case("budget-a-share", lambda: apply_mlp(budget_bytes=0.5),

@@ -208,6 +208,10 @@ class _UniformPlanner:
     n = self.chain.n
     return [Plan(tuple(range(k, n, k))) for k in range(n - 1, 0, -1)][:count]
 
+  def solve(self, method: str) -> Plan:  # the least-peak plan, default apply's
+    assert method == "optimal"
+    return Plan((1, 3))
+
 
 def _recording(footprints):
   compiled = []
@@ -230,7 +234,16 @@ def test_before_calling_a_budget_infeasible_the_every_k_plans_are_compiled():
   assert seen == {c: footprints[c] for c in compiled}
   with pytest.raises(InfeasibleBudgetError) as err:  # none fits: XLA's least is given
     fit_budget(_UniformPlanner(), 89, measured)
-  assert err.value.min_feasible_bytes == 90
+  assert err.value.min_feasible_bytes == 90 and compiled[-1] == (1, 3)
+
+
+def test_before_calling_a_budget_infeasible_default_applys_plan_is_compiled():
+  """A user's trial: the budget's error named 45.69 MiB as the least where default
+  apply's plan compiles to 45.52."""
+  footprints = {(5,): 120, (4,): 115, (1, 2, 3, 4, 5): 110, (3,): 95, (2, 4): 90, (1, 3): 88}
+  compiled, measured = _recording(footprints)
+  plan, _ = fit_budget(_UniformPlanner(), 89, measured)
+  assert plan.checkpoints == (1, 3) and compiled[-1] == (1, 3)
 
 
 def _fewest_within(figures: dict[tuple[int, ...], int], budget: int) -> Plan:
