@@ -234,3 +234,11 @@ def test_llvms_optimisation_level_leaves_every_byte_unchanged(cnn):
       stats.append((memory.argument_size_in_bytes, memory.output_size_in_bytes,
                     memory.temp_size_in_bytes, memory.alias_size_in_bytes))
     assert stats[0] == stats[1] and stats[0][2] > 0, stats
+
+
+def test_a_footprint_prints_its_total_first():
+  """A user's trial: the printed footprint showed its parts, not the total."""
+  fp = jaxremat.measure(lambda p, x: jnp.tanh(x @ p).sum(), jnp.ones((64, 64)), jnp.ones((128, 64)))
+  text = str(fp)
+  assert text.startswith(f"{fp.total_bytes / 2**20:.2f} MiB ({fp.total_bytes} bytes) on cpu")
+  assert f"temp {fp.temp_bytes / 2**20:.2f} MiB" in text

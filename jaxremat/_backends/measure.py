@@ -32,6 +32,12 @@ class Footprint:
   def total_bytes(self) -> int:
     return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
+  def __str__(self) -> str:
+    mib = lambda n: f"{n / 2**20:.2f} MiB"  # noqa: E731
+    return (f"{mib(self.total_bytes)} ({self.total_bytes} bytes) on {self.backend}: "
+            f"argument {mib(self.argument_bytes)} + output {mib(self.output_bytes)} + temp "
+            f"{mib(self.temp_bytes)} - alias {mib(self.alias_bytes)}")
+
   @property
   def barriers_kept(self) -> bool:
     """False on CPU when the barrier expander ran (remat would be silently undone)."""
