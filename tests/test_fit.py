@@ -108,6 +108,7 @@ def test_fit_fits_and_is_fastest_of_the_fitting_policies(share):
   frontier = f.frontier
   assert all(b0 < b1 and s0 > s1 for (b0, s0), (b1, s1) in zip(frontier, frontier[1:]))
   assert "XLA-measured footprint" in f.report()
+  assert "returned: the one of least predicted recompute within the budget" in f.report()
 
 
 def test_fit_times_the_fitting_plans_and_returns_the_fastest_measured():

@@ -246,6 +246,8 @@ def test_apply_plans_for_the_target_from_abstract_inputs():
           f"default (59.74 GiB; XLA_PYTHON_CLIENT_MEM_FRACTION sets the share): the chosen "
           f"plan's gradient step ({fmt_bytes(r.measured_total_bytes)}) fits, the model as "
           "written") in r.report()
+  # a user's trial: the model as written fits, and nothing said remat might not be needed
+  assert "it needs no remat and runs faster as written" in r.report()
   assert jaxremat.apply(model.apply, params, x, target="h100", profile="jaxpr",
                         verify=False).profile == "jaxpr"
 

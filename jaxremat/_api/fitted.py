@@ -82,8 +82,9 @@ class Fitted:
       lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")
     lines.append(f"budget {fmt_bytes(self.budget_bytes)}; no remat {fmt_bytes(self.no_remat_bytes)}; "
                  f"fixed (params, batch, grads) {fmt_bytes(self.fixed_bytes)}")
-    predicted = ("not predicted (a graph's shortlisted plan)" if self.predicted_total_bytes
-                 is None else fmt_bytes(self.predicted_total_bytes))
+    predicted = ("- (a plan of the graph's shortlist: XLA's compile judges its fit)"
+                 if self.predicted_total_bytes is None
+                 else fmt_bytes(self.predicted_total_bytes))
     lines.append(f"predicted footprint {predicted}; recompute "
                  f"{self.predicted_seconds * 1e3:.3f} ms per step by the roofline (XLA's FLOPs "
                  "and bytes at the device's peak rates: a ranking, not a step time)")
@@ -95,7 +96,9 @@ class Fitted:
           "high)" if error > 0 else "low)")
       lines.append(f"XLA-measured footprint {fmt_bytes(measured)}{miss}, within the budget; "
                    f"{len(self.compiled)} plan(s) compiled, XLA's footprint of each in order: "
-                   + ", ".join(fmt_bytes(b) for b in self.compiled))
+                   + ", ".join(fmt_bytes(b) for b in self.compiled)
+                   + ("" if self.timed else "; returned: the one of least predicted "
+                      "recompute within the budget"))
     else:
       lines.append("not compiled (verify=False): the footprint is the prediction's")
     for k, (what, total, seconds) in enumerate(self.timed):

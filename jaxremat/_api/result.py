@@ -160,6 +160,10 @@ class Remat:
     if max(step, written or 0) > XLA_REMAT_SHARE * memory:  # XLA's own remat may have run
       text += (" (XLA rematerialises a step near or above the device's memory on its own: "
                "these figures are after that)")
+    if written is not None and written <= usable:
+      text += (". These are the gradient step's bytes alone: where the model as written "
+               "fits beside the optimizer's state (Adam's: twice the parameters) and a larger "
+               "batch is not wanted, it needs no remat and runs faster as written")
     return text
 
   def report(self) -> str:
