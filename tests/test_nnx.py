@@ -385,7 +385,9 @@ def test_full_train_step_with_optimizer_and_donation_matches_the_plain_one():
       runs[name][1].append(float(loss))
     runs[name].append(nnx.state(nnx.merge(graphdef, state)[0], nnx.Param))
   np.testing.assert_allclose(runs["remat"][1], runs["plain"][1], rtol=1e-5)
-  _assert_trees_close(runs["remat"][2], runs["plain"][2])
+  # Adam divides by the gradient's root mean square: where a gradient is near zero, its
+  # reassociation noise moves the step by a share of the learning rate (1e-3).
+  _assert_trees_close(runs["remat"][2], runs["plain"][2], atol=1e-4)
   assert runs["remat"][0] < runs["plain"][0]
 
 

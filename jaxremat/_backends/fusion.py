@@ -8,11 +8,14 @@ from jaxremat._jaxpr import compat as _compat
 def as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: frozenset | set = frozenset()) -> list:
   """The values XLA keeps for the backward pass in place of ``res_atoms``.
 
-  A residual the forward computes only for the backward (no forward consumer) by a
-  fusible op, such as relu's mask ``x > 0`` or tanh's ``1 - y``, is fused into its
-  backward consumer: XLA keeps the op's operands instead (here ``x`` and ``y``), which
-  may be larger (a bool mask becomes its f32 source) or smaller (a broadcast becomes
-  its source vector). Applied recursively through single-use fusible producers. A
+  A residual that a fusible op makes and that no op reads from memory, such as relu's
+  mask ``x > 0``, tanh's ``1 - y`` or dropout's mask (read by the forward's select, a
+  fusible op too), is made inside each fusion that reads it, in the forward and in the
+  backward: XLA keeps the op's operands instead (here ``x``, ``y``, the random bits'
+  float), which may be larger (a bool mask becomes its f32 source) or smaller (a
+  broadcast becomes its source vector). Applied recursively through fusible producers
+  read by fusible ops alone, once (an expensive op, ``tanh``, is made in one fusion
+  only) or by several (a cheap one, made again in each). A
   kept value that XLA can recompute from the other kept values (``_recomputable``) is
   dropped, unless a forward op or a library fusion of the backward (``written``, CPU)
   reads it from memory: GELU's ``0.5 * (1 + tanh)`` goes, BatchNorm's ``x - mean``
@@ -31,16 +34,18 @@ def as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: frozenset | set = froze
           written.add(v)
   forward_out = {v for v in out_atoms if not isinstance(v, _compat.Literal)}
 
-  def kept(atom, only_backward: bool) -> list:
-    eqn = None if isinstance(atom, _compat.Literal) else producer.get(atom)
-    if (not only_backward or eqn is None or atom in forward_out
-        or eqn.primitive.name not in _compat.FUSIBLE_PRIMITIVES):
-      return [atom]
-    return [k for v in eqn.invars if not isinstance(v, _compat.Literal)
-            for k in kept(v, uses.get(v, 0) == 1)]
+  def fused_away(eqn, atom) -> bool:  # made in the fusions that read it, not in memory
+    return (atom not in written and atom not in forward_out
+            and eqn.primitive.name in _compat.FUSIBLE_PRIMITIVES
+            and (uses.get(atom, 0) <= 1 or eqn.primitive.name in _compat.CHEAP_PRIMITIVES))
 
-  kept_atoms = list(dict.fromkeys(
-      k for atom in res_atoms for k in kept(atom, uses.get(atom, 0) == 0)))
+  def kept(atom) -> list:
+    eqn = None if isinstance(atom, _compat.Literal) else producer.get(atom)
+    if eqn is None or not fused_away(eqn, atom):
+      return [atom]
+    return [k for v in eqn.invars if not isinstance(v, _compat.Literal) for k in kept(v)]
+
+  kept_atoms = list(dict.fromkeys(k for atom in res_atoms for k in kept(atom)))
   held = set(kept_atoms) | set(jaxpr.invars) | set(jaxpr.constvars)
   out = []
   for k in kept_atoms:
