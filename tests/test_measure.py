@@ -186,7 +186,14 @@ def test_multilevel_plan_keeps_gradients_and_lowers_model_peak(cnn):
   got = jax.grad(_loss(multi.fn))(params, x)
   for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
     assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
-  assert jaxremat.measure(_loss(multi.fn), params, x).total_bytes > 0
+  # compiled once for the report, as the default plan is (a docs check: it was not)
+  measured = jaxremat.measure(_loss(multi.fn), params, x).total_bytes
+  assert multi.measured_total_bytes == measured and len(multi.verified) == 1
+  assert "XLA-measured footprint of the chosen plan" in multi.report()
+  verified = jaxremat.apply(model.apply, params, x, method="multilevel", verify=True)
+  assert verified.plan == multi.plan and verified.measured_total_bytes == measured
+  assert jaxremat.apply(model.apply, params, x, method="multilevel",
+                        verify=False).measured_total_bytes is None
 
 
 def test_budget_is_met_as_xla_measures_it_on_a_conv_net(cnn):

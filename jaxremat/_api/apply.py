@@ -91,7 +91,9 @@ def apply(
       (with the compiled profile, the estimate's best checkpoint-every-k plan first);
       keep XLA's least. With a scanned stack and ``scan_segment="auto"``, the chosen
       plan first measures each stack's segment length (two or three compiles a stack).
-      With ``budget_bytes``, fit the budget as above. ``False``:
+      With ``budget_bytes``, fit the budget as above. With another ``method`` than
+      ``"optimal"``, both compile that solver's plan once, for XLA's figure (no
+      candidates; the plan is returned as the solver gave it). ``False``:
       compile nothing (the prediction alone).
     calibrate: compile each layer's backward alone and take what XLA's temp needs beyond
       its residuals as its workspace (one small compile per layer).
@@ -246,7 +248,8 @@ def apply(
       as_written = measured(Plan(), written)
     least = verified.get(plan.checkpoints, min(verified.values()))
     saved = as_written - least  # a plan saving (next to) nothing only recomputes
-    if saved < 0 or (saved < MIN_SAVING * as_written and (plan.checkpoints or scans)):
+    if method == "optimal" and (  # another solver's plan is returned as asked
+        saved < 0 or (saved < MIN_SAVING * as_written and (plan.checkpoints or scans))):
       warn_as_written(as_written, least, coarse_reason(planner, traced, segmented))
       plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
       planner, planned_depth, decomposition = first, layer_depth, written.decomposition
@@ -294,6 +297,8 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
     return verify_plan(planner, plan, measure_plan)
   if verify is None and method == "optimal":
     return confirm_plan(planner, plan, measure_plan)
+  if verify is not False:  # another solver's plan, as asked: compiled once, for the report
+    return plan, {plan.checkpoints: measure_plan(plan)}
   return plan, None
 
 
