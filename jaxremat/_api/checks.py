@@ -129,6 +129,20 @@ def check_arrays(what: str, tree: Any) -> None:
         f"every leaf of {what} must be an array (jax.Array or numpy.ndarray) or a "
         f"jax.ShapeDtypeStruct: {shown}. Convert with jnp.asarray or pass non-array options "
         "as keyword arguments.")
+  explicit = [jax.tree_util.keystr(p) for p, x in leaves if _explicit_mesh(x)]
+  if explicit:
+    raise InvalidArgumentError(
+        f"{what}{explicit[0]} is sharded over a mesh with Explicit axes (jax.make_mesh's "
+        "default): jaxremat plans arrays sharded over Auto axes, whose shardings XLA "
+        "propagates. Make the mesh with jax.make_mesh(shape, names, axis_types=("
+        "jax.sharding.AxisType.Auto,) * len(names)).")
+
+
+def _explicit_mesh(x: Any) -> bool:
+  """True when ``x`` is sharded by name over a mesh with an Explicit axis."""
+  sharding = getattr(x, "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
 
 
 #: What predicts a plan's footprint: the jaxpr estimate, or the compiled plain step replayed.
