@@ -189,8 +189,8 @@ def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None
 
 def _flag_hint(err: Exception, dtype: str) -> str:
   """flax's errors of a call missing its arguments (``flax_missing``), a model taking more
-  inputs than the batch (``missing_inputs``), or of float inputs
-  where it takes integers (``nn.Embed``'s token ids), in the CLI's flags."""
+  inputs than the batch (``missing_inputs``), or of float inputs where it takes integers
+  (``nn.Embed``'s token ids), in the CLI's flags."""
   missing = flax_missing(err)
   if inputs := missing_inputs(err):
     return ("The command line passes the model one random batch: plan a module whose "

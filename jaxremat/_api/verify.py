@@ -157,7 +157,8 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
   plans: on the H100 its tightening ruled out plans XLA fitted (the ResNet-18 at half its
   activations: 4% more recompute; the bf16 uneven MLP at 75%: twice as much). When the
   model runs out of plans first, the planner's fallback plans are measured, least
-  recompute first, and the first that fits is kept.
+  recompute first, and the first that fits is kept; then the checkpoint-every-k plans
+  (``sweep_uniform``), then the least-peak plan default ``apply`` solves for.
 
   Raises:
     InfeasibleBudgetError: no plan tried fits; it carries the least XLA-measured footprint.
@@ -181,7 +182,7 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
   swept = sweep_uniform(planner, budget_bytes, least, measure, lambda p: p.checkpoints in seen)
   if swept is not None:
     return Plan(swept[0].checkpoints, method="budget"), seen
-  smallest = planner.solve("optimal")  # default apply's plan: the least the user has seen
+  smallest = planner.solve("optimal")  # the least-peak plan, as default apply solves it
   if measure(smallest) <= budget_bytes:
     return Plan(smallest.checkpoints, method="budget"), seen
   least = min(seen.values())

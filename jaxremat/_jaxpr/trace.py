@@ -146,8 +146,8 @@ def integer_hint(err: BaseException, batch: Any) -> str:
 def missing_inputs(err: BaseException) -> list[str]:
   """The positional parameters a ``TypeError`` of the model's call says it lacks (a model
   taking more inputs than the batch: a diffusion model's timestep); else ``[]``."""
-  found = re.search(r"missing \d+ required positional arguments?: (.*)$", str(err).splitlines()[0]
-                    if str(err) else "")
+  first = (str(err).splitlines() or [""])[0]
+  found = re.search(r"missing \d+ required positional arguments?: (.*)$", first)
   if not isinstance(err, TypeError) or found is None:
     return []
   return re.findall(r"'([^']+)'", found.group(1))
