@@ -187,12 +187,12 @@ def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None
       print(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}", file=sys.stderr)
 
 
-def _flag_hint(err: Exception, dtype: str) -> str:
+def _flag_hint(err: Exception, dtype: str, model: str) -> str:
   """flax's errors of a call missing its arguments (``flax_missing``), a model taking more
   inputs than the batch (``missing_inputs``), or of float inputs where it takes integers
-  (``nn.Embed``'s token ids), in the CLI's flags."""
+  (``nn.Embed``'s token ids), in the CLI's flags; ``model`` is ``MODULE:ATTR``."""
   missing = flax_missing(err)
-  if inputs := missing_inputs(err):
+  if inputs := missing_inputs(err, f"{model.rpartition(':')[2]}.__call__"):
     return ("The command line passes the model one random batch: plan a module whose "
             f"__call__ takes the batch alone ({', '.join(map(repr, inputs))} made inside "
             "it), or call jaxremat from Python with the other inputs by keyword "
@@ -239,7 +239,7 @@ def _model_command(args: argparse.Namespace) -> int:
           file=sys.stderr)
     return 2
   except Exception as err:  # the model's own: flax's two of a call missing its arguments
-    hint = _flag_hint(err, args.dtype)
+    hint = _flag_hint(err, args.dtype, args.model)
     if not hint:
       raise
     print(f"jaxremat {args.command}: the model raised {type(err).__name__}: "

@@ -267,6 +267,19 @@ def test_a_model_of_two_inputs_says_to_pass_the_other_by_keyword():
                      r"the model's other inputs go by keyword"):
     jaxremat.fit(Denoiser().apply, params, x, t)
 
+  def scaled(x, scale):
+    return x * scale
+
+  class Buggy(nn.Module):  # a review: its own helper's missing argument is not the batch's
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(4)(scaled(x))  # type: ignore[call-arg]
+
+  x5 = jnp.ones((8, 5))
+  with pytest.raises(TypeError) as raised:
+    jaxremat.apply(Buggy().apply, {"params": {"Dense_0": {"kernel": jnp.ones((5, 4))}}}, x5)
+  assert "more inputs than the batch" not in "\n".join(getattr(raised.value, "__notes__", []))
+
 
 def test_float_tokens_into_an_embedding_say_to_pass_integers():
   """A user's trial: float token ids into nn.Embed got the general note."""

@@ -208,8 +208,8 @@ CASES = [
     Case("batch-on-an-explicit-mesh",  # a docs check: a bare AssertionError from emit
          lambda: jaxremat.apply(mlp()[0].apply, mlp()[1], jax.device_put(X, jax.sharding.NamedSharding(
              jax.make_mesh((1,), ("data",)), jax.sharding.PartitionSpec("data")))),
-         jaxremat.InvalidArgumentError, r"batch is sharded over a mesh with Explicit axes "
-         r"\(jax.make_mesh's default\).*AxisType.Auto"),
+         jaxremat.InvalidArgumentError, r"batch is sharded over an Explicit axis of its mesh "
+         r"\(jax.make_mesh's default axis type\).*AxisType.Auto"),
     Case("apply-under-jit",
          lambda: jax.jit(lambda p: jaxremat.apply(mlp()[0].apply, p, X).plan.checkpoints)(mlp()[1]),
          jaxremat.InvalidArgumentError, r"is a tracer: jaxremat.apply traces the model itself"),

@@ -46,3 +46,13 @@ def test_an_expensive_value_read_twice_is_kept():
     return x * t + t, t
 
   assert _kept(two_reads, X, U) == ["residual"]
+
+
+def test_an_expensive_residual_the_forward_reads_is_kept():
+  """The forward's reader and the backward's are two fusions: XLA writes ``exp`` once (a
+  review: the rule dropped it for the input it is made from)."""
+  def softmax_like(x, u):
+    e = jnp.exp(u)
+    return x * e, e
+
+  assert _kept(softmax_like, X, U) == ["residual"]

@@ -132,17 +132,23 @@ def check_arrays(what: str, tree: Any) -> None:
   explicit = [jax.tree_util.keystr(p) for p, x in leaves if _explicit_mesh(x)]
   if explicit:
     raise InvalidArgumentError(
-        f"{what}{explicit[0]} is sharded over a mesh with Explicit axes (jax.make_mesh's "
-        "default): jaxremat plans arrays sharded over Auto axes, whose shardings XLA "
+        f"{what}{explicit[0]} is sharded over an Explicit axis of its mesh (jax.make_mesh's "
+        "default axis type): jaxremat plans arrays sharded over Auto axes, whose shardings XLA "
         "propagates. Make the mesh with jax.make_mesh(shape, names, axis_types=("
         "jax.sharding.AxisType.Auto,) * len(names)).")
 
 
 def _explicit_mesh(x: Any) -> bool:
-  """True when ``x`` is sharded by name over a mesh with an Explicit axis."""
+  """True when ``x`` is sharded by name over an Explicit axis of its mesh (replicated
+  over one is fine)."""
   sharding = getattr(x, "sharding", None)
-  mesh = getattr(sharding, "mesh", None)
-  return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+  mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
+  if mesh is None or spec is None:
+    return False
+  types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
+  named = [a for entry in spec if entry is not None
+           for a in (entry if isinstance(entry, tuple) else (entry,))]
+  return any(types.get(a) == jax.sharding.AxisType.Explicit for a in named)
 
 
 #: What predicts a plan's footprint: the jaxpr estimate, or the compiled plain step replayed.

@@ -11,9 +11,9 @@ from jaxremat._errors import InvalidArgumentError, InvalidBudgetError
 def check_memory_budget(memory_budget: object) -> None:
   """Raises unless ``memory_budget`` is a positive finite number (not a bool)."""
   if isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real):
-    shape = getattr(memory_budget, "shape", None)
-    got = (f"an array of shape {tuple(shape)}: the model's other inputs go by keyword, "
-           "fit(model.apply, params, batch, 0.5, t=t)" if shape is not None else
+    shape = tuple(getattr(memory_budget, "shape", None) or ())
+    got = (f"an array of shape {shape}: the model's other inputs go by keyword, "
+           "fit(model.apply, params, batch, 0.5, t=t)" if shape else
            f"{type(memory_budget).__name__} {memory_budget!r}")
     raise InvalidArgumentError(
         f"memory_budget must be a share of the activations in (0, 1] or a number of bytes, "

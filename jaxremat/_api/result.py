@@ -49,8 +49,8 @@ class Remat:
     as_written_bytes: XLA's footprint (bytes) of the training step of the model as
       written (no checkpoints, its scans as they are), when ``apply`` chose and
       compiled plans (by default it does; not with ``budget_bytes``, ``plan`` or a
-      fixed ``scan_segment``); where no plan compiled below it, ``plan`` is
-      ``Plan((), method="as written")`` and ``fn`` runs the model unchanged.
+      fixed ``scan_segment``); where no plan of the default ``method`` compiled below it,
+      ``plan`` is ``Plan((), method="as written")`` and ``fn`` runs the model unchanged.
     device_memory_bytes: the memory of ``target``'s device (bytes), where its config
       declares it; the report says whether the step fits in it.
   """

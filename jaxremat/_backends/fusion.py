@@ -25,7 +25,7 @@ def as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: frozenset | set = froze
   uses: dict = {}
   # Values some op reads from memory: a forward op, or (if the VJP saves them) the
   # backward's library fusions (``written``).
-  written = (set(written) & set(res_atoms)) | set(jaxpr.invars)
+  written = (set(written) & set(_compat.non_literals(res_atoms))) | set(jaxpr.invars)
   for e in jaxpr.eqns:
     for v in e.invars:
       if not isinstance(v, _compat.Literal):
@@ -34,18 +34,31 @@ def as_kept_by_xla(jaxpr, res_atoms, out_atoms, written: frozenset | set = froze
           written.add(v)
   forward_out = {v for v in out_atoms if not isinstance(v, _compat.Literal)}
 
-  def fused_away(eqn, atom) -> bool:  # made in the fusions that read it, not in memory
-    return (atom not in written and atom not in forward_out
-            and eqn.primitive.name in _compat.FUSIBLE_PRIMITIVES
-            and (uses.get(atom, 0) <= 1 or eqn.primitive.name in _compat.CHEAP_PRIMITIVES))
+  memo: dict = {}
 
-  def kept(atom) -> list:
-    eqn = None if isinstance(atom, _compat.Literal) else producer.get(atom)
-    if eqn is None or not fused_away(eqn, atom):
+  def kept(atom, readers: int) -> list:
+    """What XLA keeps of ``atom``, which ``readers`` fusions read: made in each of them
+    (none reading it from memory; an expensive op only where one fusion reads it), its
+    operands, each read by its other readers and by those fusions; else ``atom``."""
+    if isinstance(atom, _compat.Literal):
       return [atom]
-    return [k for v in eqn.invars if not isinstance(v, _compat.Literal) for k in kept(v)]
+    if (atom, readers > 1) in memo:
+      return memo[atom, readers > 1]
+    eqn = producer.get(atom)
+    if (eqn is None or atom in written or atom in forward_out
+        or eqn.primitive.name not in _compat.FUSIBLE_PRIMITIVES
+        or (readers > 1 and eqn.primitive.name not in _compat.CHEAP_PRIMITIVES)):
+      found = [atom]
+    else:
+      found = [k for v in eqn.invars if not isinstance(v, _compat.Literal)
+               for k in kept(v, uses.get(v, 0) - 1 + readers)]
+    memo[atom, readers > 1] = found
+    return found
 
-  kept_atoms = list(dict.fromkeys(k for atom in res_atoms for k in kept(atom)))
+  # a residual's readers: its forward ones and the backward's fusion
+  kept_atoms = list(dict.fromkeys(
+      k for atom in res_atoms
+      for k in kept(atom, 1 if isinstance(atom, _compat.Literal) else uses.get(atom, 0) + 1)))
   held = set(kept_atoms) | set(jaxpr.invars) | set(jaxpr.constvars)
   out = []
   for k in kept_atoms:

@@ -143,20 +143,29 @@ def integer_hint(err: BaseException, batch: Any) -> str:
           "--dtype int32).")
 
 
-def missing_inputs(err: BaseException) -> list[str]:
-  """The positional parameters a ``TypeError`` of the model's call says it lacks (a model
-  taking more inputs than the batch: a diffusion model's timestep); else ``[]``."""
+def missing_inputs(err: BaseException, callee: str | None) -> list[str]:
+  """The positional parameters a ``TypeError`` says ``callee`` (a qualified name, e.g.
+  ``"Denoiser.__call__"``) was called without: the model takes more inputs than the
+  batch (a diffusion model's timestep); else ``[]`` (another function's call failed)."""
   first = (str(err).splitlines() or [""])[0]
-  found = re.search(r"missing \d+ required positional arguments?: (.*)$", first)
-  if not isinstance(err, TypeError) or found is None:
+  found = re.match(r"(\S+)\(\) missing \d+ required positional arguments?: (.*)$", first)
+  if not isinstance(err, TypeError) or found is None or found.group(1) != callee:
     return []
-  return re.findall(r"'([^']+)'", found.group(1))
+  return re.findall(r"'([^']+)'", found.group(2))
 
 
-def inputs_hint(err: BaseException) -> str:
+def model_callee(model_fn: Callable[..., Any]) -> str | None:
+  """The qualified name Python's errors give the model's own call: a Flax module's
+  ``__call__`` for ``model.apply``, else ``model_fn``'s."""
+  owner = getattr(model_fn, "__self__", None)
+  call = getattr(type(owner), "__call__", None) if owner is not None else model_fn
+  return getattr(call, "__qualname__", None)
+
+
+def inputs_hint(err: BaseException, model_fn: Callable[..., Any]) -> str:
   """What to pass when the model takes more positional inputs than the batch, in words;
   else ``""``."""
-  names = missing_inputs(err)
+  names = missing_inputs(err, model_callee(model_fn))
   if not names:
     return ""
   given = ", ".join(f"{n}={n}" for n in names)
@@ -223,7 +232,7 @@ def trace(
   except Exception as err:
     err.add_note(_model_raised_note(params, specs[1], nnx=any(
         k.startswith(NNX_KWARGS) for k in kwargs), hint=flax_hint(err) or integer_hint(
-            err, specs[1]) or inputs_hint(err)))
+            err, specs[1]) or inputs_hint(err, model_fn)))
     raise
   out_tree = jax.tree_util.tree_structure(out_shape)
   jaxpr, consts = _unwrap_calls(closed.jaxpr, list(closed.consts))
