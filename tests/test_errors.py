@@ -206,8 +206,9 @@ CASES = [
     Case("non-array-batch", lambda: jaxremat.apply(mlp()[0].apply, mlp()[1], [1.0, 2.0]),
          jaxremat.InvalidArgumentError, r"batch\[0\] is a float"),
     Case("batch-on-an-explicit-mesh",  # a docs check: a bare AssertionError from emit
-         lambda: jaxremat.apply(mlp()[0].apply, mlp()[1], jax.device_put(X, jax.sharding.NamedSharding(
-             jax.make_mesh((1,), ("data",)), jax.sharding.PartitionSpec("data")))),
+         lambda: jaxremat.apply(mlp()[0].apply, mlp()[1], jax.device_put(
+             X, jax.sharding.NamedSharding(jax.make_mesh((1,), ("data",)),
+                                           jax.sharding.PartitionSpec("data")))),
          jaxremat.InvalidArgumentError, r"batch is sharded over an Explicit axis of its mesh "
          r"\(jax.make_mesh's default axis type\).*AxisType.Auto"),
     Case("apply-under-jit",

@@ -65,7 +65,8 @@ def apply(
       children, 2: theirs); each call of a module called in a loop, each call reading
       the last (shared weights), is a layer. Default: the root module's children, each
       split into its own children where it makes a large share of the activation bytes
-      and the layers stay a chain (the blocks inside an ``Encoder``); ``Remat.decomposition`` says why.
+      and the layers stay a chain (the blocks inside an ``Encoder``);
+      ``Remat.decomposition`` says why.
       ``"search"``: those layers, then one level below them and, while XLA measures
       less, a second (a transformer's blocks split into their attention and MLP,
       planned as a graph); each level's optimal plan confirmed as by default (up to 4
