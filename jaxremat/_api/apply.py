@@ -16,7 +16,8 @@ from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_fine
                                  searched_note)
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
-from jaxremat._api.planner import Planner, check_budget_method, check_holds_inputs, make_planner
+from jaxremat._api.planner import (Planner, check_budget_method, check_holds_inputs,
+                                   make_planner, scale_estimate)
 from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
@@ -99,7 +100,9 @@ def apply(
     calibrate: compile each layer's backward alone and take what XLA's temp needs beyond
       its residuals as its workspace (one small compile per layer).
     profile: what predicts XLA's footprint of a plan. ``"jaxpr"``: the estimate, from
-      the jaxpr and the backend's rules (no compile). ``"compiled"``: the compiled
+      the jaxpr and the backend's rules, scaled to XLA's footprint of the model as
+      written where ``apply`` compiles anyway (a chain, no budget, ``verify`` not False):
+      the plan without checkpoints then predicts XLA's figure. ``"compiled"``: the compiled
       profile: the training step without remat is compiled once (for ``target``) and
       each plan replays XLA's own schedule and buffers of it (docs/memory-model.md);
       not with a scanned stack or sharded inputs. Default (None): ``"compiled"`` for a
@@ -218,6 +221,12 @@ def apply(
                            required=profile is not None)
   measure_plan = lambda p: measured(p, traced, scans)  # noqa: E731
   chosen = plan is None
+  # The step as written, compiled for the report anyway, first: XLA's total over the
+  # estimate's, which then only spreads it over the layers.
+  plain_bytes = (measured(Plan(), written) if chosen and budget is None and verify is not False
+                 and not scans and not traced.is_graph and planner.profile == "jaxpr"
+                 else None)
+  planner = scale_estimate(planner, plain_bytes)
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
   # The layers found first answer for the model as written; a search may plan deeper ones.
@@ -230,7 +239,8 @@ def apply(
     for level in range(FINER_LEVELS):  # one level down while XLA measures less
       with clock("solve"):
         finer = plan_finer(model_fn, params, batch, model_kwargs, traced, calibrate, resolved,
-                           refine, lambda p, t, d: measured(p, t, (), d), compiled, profile)
+                           refine, lambda p, t, d: measured(p, t, (), d), compiled, profile,
+                           plain_bytes)
       if finer is None or finer.footprint >= least * (1 - FINER_GAIN):
         if level == 0:
           decomposition += searched_note(finer, least)

@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 from jaxremat._api.checks import default_profile
-from jaxremat._api.planner import Planner, make_planner
+from jaxremat._api.planner import Planner, make_planner, scale_estimate
 from jaxremat._api.planning import fmt_bytes
 from jaxremat._api.verify import confirm_plan
 from jaxremat._backends.replay import Replay
@@ -60,13 +60,14 @@ def plan_finer(model_fn: Callable[..., Any], params: Any, batch: Any,
                target: Target | None, refine: bool,
                measured: Callable[[Plan, TracedChain, int], int],
                compiled: Callable[[TracedChain, tuple[tuple[int, int, int], ...]], Replay],
-               profile: str | None) -> Finer | None:
+               profile: str | None, plain_bytes: int | None = None) -> Finer | None:
   """The optimal plan one level below ``traced``'s layers (``finer_depth``), planned (as
   a graph where a block's skip then spans layers) with ``profile`` (by default as for
   any layers, ``checks.default_profile``; ``compiled``: the replay of the plain step over
   given layers), and confirmed as ``apply`` confirms its plan (``confirm_plan``: up to
   three more plans compiled; ``measured(plan, traced, layer_depth)``: XLA's footprint,
-  bytes). None when that level has no more layers, or jaxremat cannot trace or plan
+  bytes; ``plain_bytes``: XLA's footprint of the step without remat, which the estimate
+  is scaled to). None when that level has no more layers, or jaxremat cannot trace or plan
   it."""
   depth = finer_depth(traced)
   try:
@@ -77,6 +78,7 @@ def plan_finer(model_fn: Callable[..., Any], params: Any, batch: Any,
                 ) == "compiled"
     planner = make_planner(finer, (), params, batch, model_kwargs, calibrate, target,
                            compiled if replayed else None, required=profile is not None)
+    planner = scale_estimate(planner, plain_bytes)
     plan = planner.solve("optimal", refine)
     plan, footprints = confirm_plan(planner, plan, lambda p: measured(p, finer, depth))
     return Finer(finer, planner, plan, depth, footprints)
