@@ -179,12 +179,12 @@ class Remat:
       lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")
     if self.decomposition:
       lines.append(f"layers: {self.decomposition}")
-    scale = planner.temp_scale if isinstance(planner, ChainPlanner) else 1.0
-    scaled = (f" (its temp bytes x{scale:.2f}: XLA's step as written over the estimate's)"
-              if scale != 1.0 else "")
     lines.append(f"input x_0: {fmt_bytes(planner.input_bytes)}; fixed (params, batch, grads): "
-                 f"{fmt_bytes(self.fixed_bytes)}; predicted by the {self.profile} profile"
-                 + scaled)
+                 f"{fmt_bytes(self.fixed_bytes)}; predicted by the {self.profile} profile")
+    scale = planner.temp_scale if isinstance(planner, ChainPlanner) else 1.0
+    if f"{scale:.2f}" != "1.00":
+      lines.append(f"the estimate's temp bytes x{scale:.2f}: XLA's step as written over the "
+                   "estimate's")
     plans = planner.reported_plans(plan)
     if self.scans:
       lines.append("every strategy runs the scanned stacks segmented (below); 'none' places "
