@@ -14,6 +14,7 @@ from jaxremat._api.planner import make_planner
 from jaxremat._backends.policy_options import LayerOptions, OptionCosts
 from jaxremat._backends.roofline import Roofline, cost, local_roofline
 from jaxremat._jaxpr import scan as _scan
+from jaxremat._jaxpr.emit import named_products
 from jaxremat._jaxpr.trace import trace
 from jaxremat._model.policy_plan import (DOTS, DOTS_NO_BATCH, KEEP, NAMES, RECOMPUTE, Group,
                                          Option, PolicyPlan)
@@ -328,3 +329,24 @@ def _kept_measured(model, params, x, traced, scans):
   segments = tuple(s.segment for s in scans)
   fn = DropIn(model.apply, plan, None, traced, input_key(params, x, {}), segments)
   return jaxremat.measure(training_loss(fn, {}), params, x).total_bytes
+
+
+def test_the_report_names_the_products_each_group_keeps():
+  model, x, params = _vit()
+  traced = trace(model.apply, params, x, {}, None)
+  i = next(i for i, layer in enumerate(traced.layers) if len(_products(layer)) >= 2)
+  first, second = sorted(_products(traced.layers[i]))[:2]
+  plan = PolicyPlan(tuple(
+      Group(j, j + 1, Option(NAMES, saved=frozenset({first}), offloaded=frozenset({second}))
+            if j == i else Option(KEEP)) for j in range(len(traced.layers))))
+  (line,) = named_products(traced, plan)
+  eqns = traced.layers[i].eqns
+  assert line.startswith(f"layer {i + 1} {traced.layers[i].name}: ")
+  assert f"{eqns[first].primitive.name} {eqns[first].outvars[0].aval.str_short()}" in line
+  assert line.count("saved") == 1 and line.count("offloaded") == 1
+  f = jaxremat.fit(model.apply, params, x, 0.5, verify=False)
+  lines = f.report().splitlines()
+  named = [g for g in f.plan.groups if g.option.kind == NAMES]
+  assert named and len(f.named_products) == len(named)
+  assert all(line in lines[len(f.costs) + 2:] for line in
+             [f"  {p}" for p in f.named_products])

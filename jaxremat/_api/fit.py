@@ -37,6 +37,7 @@ from jaxremat._backends.step_time import spread, step_seconds
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
+from jaxremat._jaxpr.emit import named_products
 from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Plan
 from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, peak_bytes
@@ -208,7 +209,7 @@ def fit(
         frontier=tuple((b, t) for b, t, _ in pareto([(*p, None) for p in found.points])),
         target=resolved.name if resolved else None, timed=found.timed,
         timing_spread=max(spreads, default=None),
-        stage_seconds=dict(clock.seconds))
+        stage_seconds=dict(clock.seconds), named_products=named_products(traced, c.plan))
   with clock("profile"):
     chain = planner.chain
     options = OptionCosts(traced, chain, roofline_for(resolved), scans, written)
@@ -298,7 +299,7 @@ def fit(
       compiled=tuple(compiled), frontier=frontier,
       target=resolved.name if resolved else None, timed=tuple(timings),
       timing_spread=max(spreads, default=None),
-      stage_seconds=dict(clock.seconds))
+      stage_seconds=dict(clock.seconds), named_products=named_products(traced, plan))
 
 
 def _infeasible(budget: int, least: int, how: str, traced: TracedChain, read_as: str,

@@ -47,6 +47,8 @@ class Fitted:
       above their least, the largest over the plans (a share, 0.1 = 10%): step times
       closer than that are within this machine's noise; else None.
     stage_seconds: wall time of each stage (seconds).
+    named_products: one line per product a group keeps by name (``names(k saved)``,
+      ``names(k offloaded)``): its layer, ``checkpoint_name``, equation and output.
   """
 
   fn: Callable[..., Any]
@@ -65,6 +67,7 @@ class Fitted:
   timed: tuple[tuple[str, int, float], ...] = ()
   timing_spread: float | None = None
   stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+  named_products: tuple[str, ...] = ()
 
   def report(self) -> str:
     """What each group does, the budget, the prediction and XLA's figure, the frontier."""
@@ -77,6 +80,9 @@ class Fitted:
       label = label if len(label) < 40 else "..." + label[-36:]  # the ends tell layers apart
       lines.append(f"{label:<40}{g.option.describe():>22}{fmt_bytes(c.stored_bytes):>12}"
                    f"{transient:>12}{c.seconds * 1e3:>12.3f}")
+    if self.named_products:
+      lines.append("products kept by name (the rest of their layers is recomputed):")
+      lines += [f"  {line}" for line in self.named_products]
     lines.append("")
     if self.target:
       lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -200,6 +201,25 @@ def _graph_composed(traced: TracedChain, children: list[_Segment]) -> _Segment:
 def _name_of(layer: int, eqn: int) -> str:
   """The ``checkpoint_name`` of the outputs of equation ``eqn`` of layer ``layer`` (0-based)."""
   return f"jaxremat/{layer}/{eqn}"
+
+
+def named_products(traced: TracedChain, plan: PolicyPlan) -> tuple[str, ...]:
+  """One line per group of ``plan`` that keeps products by name (option ``NAMES``): its
+  first layer, and each product's equation and output, saved on the device or offloaded
+  to host memory (for reports; their ``checkpoint_name`` is ``jaxremat/<layer>/<eqn>``)."""
+  lines = []
+  for group in plan.groups:
+    option = group.option
+    eqns = [e for layer in traced.layers[group.start:group.stop] for e in layer.eqns]
+    kinds = collections.Counter(
+        (eqns[k].primitive.name, eqns[k].outvars[0].aval.str_short(),
+         "offloaded" if k in option.offloaded else "saved")
+        for k in sorted((*option.saved, *option.offloaded)))
+    if kinds:
+      lines.append(f"layer {group.start + 1} {traced.layers[group.start].name}: " + ", ".join(
+          f"{name} {out}{f' x{count}' if count > 1 else ''} {where}"
+          for (name, out, where), count in kinds.items()))
+  return tuple(lines)
 
 
 def _policy_root(traced: TracedChain, plan: PolicyPlan) -> _Segment:
