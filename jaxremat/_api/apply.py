@@ -101,8 +101,9 @@ def apply(
       its residuals as its workspace (one small compile per layer).
     profile: what predicts XLA's footprint of a plan. ``"jaxpr"``: the estimate, from
       the jaxpr and the backend's rules, scaled to XLA's footprint of the model as
-      written where ``apply`` compiles anyway (a chain, no budget, ``verify`` not False):
-      the plan without checkpoints then predicts XLA's figure. ``"compiled"``: the compiled
+      written where ``apply`` compiles it anyway (its own plan for a chain, no budget,
+      ``verify`` not False): the plan without checkpoints then predicts XLA's figure.
+      ``"compiled"``: the compiled
       profile: the training step without remat is compiled once (for ``target``) and
       each plan replays XLA's own schedule and buffers of it (docs/memory-model.md);
       not with a scanned stack or sharded inputs. Default (None): ``"compiled"`` for a
