@@ -103,10 +103,9 @@ def apply(
       the jaxpr and the backend's rules, scaled to XLA's footprint of the model as
       written where ``apply`` compiles it anyway (its own plan for a chain, no budget,
       ``verify`` not False): the plan without checkpoints then predicts XLA's figure.
-      ``"compiled"``: the compiled
-      profile: the training step without remat is compiled once (for ``target``) and
-      each plan replays XLA's own schedule and buffers of it (docs/memory-model.md);
-      not with a scanned stack or sharded inputs. Default (None): ``"compiled"`` for a
+      ``"compiled"``: the compiled profile: the training step without remat is compiled
+      once (for ``target``) and each plan replays XLA's own schedule and buffers of it
+      (docs/memory-model.md); not with a scanned stack or sharded inputs. Default (None): ``"compiled"`` for a
       GPU (a ``target``, or the local device) and for a graph of layers (whose jaxpr
       profile is model G alone), where the model allows it; else ``"jaxpr"``.
       ``Remat.profile`` says which predicted.
