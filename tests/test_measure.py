@@ -1,5 +1,6 @@
 """XLA's compiled statistics as the oracle for jaxremat's plans and predictions."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
@@ -249,3 +250,34 @@ def test_a_footprint_prints_its_total_first():
   text = str(fp)
   assert text.startswith(f"{fp.total_bytes / 2**20:.2f} MiB ({fp.total_bytes} bytes) on cpu")
   assert f"temp {fp.temp_bytes / 2**20:.2f} MiB" in text
+
+
+class _Counted(nn.Module):
+  """An MLP whose parameters hold an integer leaf beside the float ones (a step counter)."""
+
+  @nn.compact
+  def __call__(self, x):
+    step = self.param("step", lambda key: jnp.zeros((), jnp.int32))
+    for _ in range(4):
+      x = nn.relu(nn.Dense(64)(x))
+    return nn.Dense(4)(x) + 0 * step
+
+
+def test_parameters_with_an_integer_leaf_are_planned_measured_and_fitted():
+  model, x = _Counted(), jax.random.normal(jax.random.key(0), (32, 16))
+  params = model.init(jax.random.key(1), x)
+
+  def loss_of(fn):
+    return lambda p, b: (fn(p, b) ** 2).mean()
+
+  r = jaxremat.apply(model.apply, params, x)
+  footprint = jaxremat.measure(loss_of(r.fn), params, x).total_bytes
+  assert footprint == r.measured_total_bytes
+  grad = lambda fn: jax.grad(loss_of(fn), allow_int=True)(params, x)  # noqa: E731
+  want, got = grad(model.apply), grad(r.fn)
+  assert got["params"]["step"].dtype == jax.dtypes.float0
+  for a, b in zip(jax.tree.leaves(want["params"]["Dense_0"]),
+                  jax.tree.leaves(got["params"]["Dense_0"])):
+    assert jnp.allclose(a, b, atol=1e-6)
+  f = jaxremat.fit(model.apply, params, x, 0.75, time_steps=False)
+  assert f.measured_total_bytes <= f.budget_bytes

@@ -28,7 +28,7 @@ from jaxremat._api.planner import check_holds_inputs, make_planner
 from jaxremat._api.planning import fmt_bytes
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import measured_segments, sweep_uniform
-from jaxremat._backends.measure import compile_step
+from jaxremat._backends.measure import compile_step, gradient_step
 from jaxremat._backends.policy_options import LayerOptions, OptionCosts, group_costs
 from jaxremat._backends.plain_step import compile_replay
 from jaxremat._backends.replay import Replay
@@ -170,7 +170,7 @@ def fit(
       if not (timed and isinstance(plan, PolicyPlan)):
         return step_bytes(fn, model_kwargs, params, batch, resolved, loss_fn)
       loss, _ = training_loss_with_arrays(fn, model_kwargs, loss_fn)
-      footprint, steps[plan] = compile_step(jax.grad(loss), params, batch, arrays)
+      footprint, steps[plan] = compile_step(gradient_step(loss), params, batch, arrays)
       return footprint.total_bytes
 
   def replay(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:  # a GPU's

@@ -10,7 +10,8 @@ from flax import nnx
 
 from jaxremat._api.loss import LossFn, batch_with_arrays, training_loss_with_arrays
 from jaxremat._backends.barriers import keeping_barriers
-from jaxremat._backends.measure import Footprint, check_scalar_loss, compile_footprint
+from jaxremat._backends.measure import (Footprint, check_scalar_loss, compile_footprint,
+                                        gradient_step)
 from jaxremat._backends.targets import Target, get_target, target_footprint
 from jaxremat._backends.measure import measure as measure_params
 
@@ -55,7 +56,7 @@ def measure(
       return measure_params(loss_fn, params, batch, compiler_options=compiler_options)
     with keeping_barriers():  # GPU compiles keep jax.checkpoint's barriers
       check_scalar_loss(jax.eval_shape(loss_fn, params, batch))
-      return target_footprint(jax.grad(loss_fn), (params, batch), resolved, compiler_options)
+      return target_footprint(gradient_step(loss_fn), (params, batch), resolved, compiler_options)
   graphdef, state = nnx.split(params)
 
   def loss(state: Any, batch: Any) -> Any:

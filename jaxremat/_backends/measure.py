@@ -109,6 +109,13 @@ def check_scalar_loss(out: Any) -> None:
         "the model output to one number, e.g. jnp.mean(jnp.square(out)).")
 
 
+def gradient_step(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+  """The training step jaxremat compiles: ``jax.grad(loss_fn)`` with respect to the first
+  argument's float leaves; integer leaves (a step counter or quantised weights kept in the
+  parameters) get float0 gradients, as ``jax.grad(..., allow_int=True)`` gives them."""
+  return jax.grad(loss_fn, allow_int=True)
+
+
 def measure(
     loss_fn: Callable[..., Any],
     params: Any,
@@ -121,7 +128,7 @@ def measure(
   Args:
     loss_fn: ``loss_fn(params, batch) -> scalar``.
     params: the parameters (any pytree of arrays); gradients are taken with respect
-      to them.
+      to their float leaves.
     batch: the batch (any pytree of arrays).
     compiler_options: extra XLA options (e.g. ``{"xla_disable_hlo_passes":
       "rematerialization"}`` on GPU to measure a plan without XLA's own remat).
@@ -134,4 +141,5 @@ def measure(
   """
   with keeping_barriers():  # a shape check, not a compile
     check_scalar_loss(jax.eval_shape(loss_fn, params, batch))
-  return compile_footprint(jax.grad(loss_fn), params, batch, compiler_options=compiler_options)
+  return compile_footprint(gradient_step(loss_fn), params, batch,
+                           compiler_options=compiler_options)

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 
 from jaxremat._backends.heap import CPU_ALIGNMENT, GPU_ALIGNMENT
-from jaxremat._backends.measure import compile_footprint
+from jaxremat._backends.measure import compile_footprint, gradient_step
 from jaxremat._backends.replay import Replay, Value
 from jaxremat._backends.targets import Target, target_footprint
 from jaxremat._backends.xla_dump import Dump, LayerNames, read_dump
@@ -44,7 +44,7 @@ def compile_plain_step(loss_fn: Callable[[Any, Any, Any], Any], params: Any, bat
   ``arrays`` (the model's array kwargs) are arguments of the step."""
   with tempfile.TemporaryDirectory() as out:
     options = {"xla_dump_to": out}
-    step = jax.grad(loss_fn)
+    step = gradient_step(loss_fn)
     args = (params, batch, arrays)
     footprint = (target_footprint(step, args, target, options) if target
                  else compile_footprint(step, *args, compiler_options=options))
