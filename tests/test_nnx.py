@@ -335,6 +335,10 @@ def test_fn_rejects_another_model_or_mode():
   with pytest.raises(jaxremat.InputMismatchError, match=match) as caught:
     r.fn(evaluating, x)
   assert "train=False" not in str(caught.value)  # linen's words, not nnx's
+  assert "call jaxremat.apply_nnx on the model" in str(caught.value)
+  f = jaxremat.fit_nnx(model, x, 0.9, verify=False)
+  with pytest.raises(jaxremat.InputMismatchError, match="call jaxremat.fit_nnx on the model"):
+    f.fn(evaluating, x)
 
 
 def _wide_mlp():

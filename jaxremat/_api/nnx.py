@@ -152,7 +152,8 @@ def _planned(entry: Any, option_names: frozenset[str], model: nnx.Module, batch:
   graphdef, params, rest = nnx.split(model, wrt, ...)  # type: ignore[misc]
   call_kwargs = {_GRAPHDEF: graphdef, _STATE: rest, _WRT: wrt, **kwargs}
   result = entry(_call_merged, params, batch, *args, **options, **call_kwargs)
-  return dataclasses.replace(result, fn=_NnxDropIn(result.fn, wrt, graphdef, type(model)))
+  return dataclasses.replace(result, fn=_NnxDropIn(result.fn, wrt, graphdef, type(model),
+                                                   f"jaxremat.{entry.__name__}_nnx"))
 
 
 def _check_module(model: Any) -> None:
@@ -256,11 +257,12 @@ class _NnxDropIn:
   ``model`` with ``nnx.update``.
   """
 
-  def __init__(self, drop_in, wrt, graphdef, model_type):
+  def __init__(self, drop_in, wrt, graphdef, model_type, made_by: str):
     self._drop_in = drop_in
     self._wrt = wrt
     self._graphdef = graphdef
     self._model_type = model_type
+    self._made_by = made_by  # what to call again on the model in another mode
 
   def __call__(self, model: nnx.Module, batch: Any, **kwargs: Any) -> Any:
     _check_module(model)
@@ -280,7 +282,7 @@ class _NnxDropIn:
       raise InputMismatchError(
           "the model's static attributes differ from the ones the plan was made for (e.g. "
           "model.eval() turns Dropout off) and so do its layers: evaluate with model(x) "
-          "directly (nothing to checkpoint without gradients), or call "
-          "jaxremat.apply_nnx on the model in this mode.") from err
+          f"directly (nothing to checkpoint without gradients), or call {self._made_by} "
+          "on the model in this mode.") from err
     nnx.update(model, new_rest)
     return out
