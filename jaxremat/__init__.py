@@ -1,5 +1,6 @@
 """jaxremat: optimal gradient checkpointing for JAX and Flax, proved with XLA's statistics."""
 
+from jaxremat._api.advice import BatchAxisWarning as BatchAxisWarning
 from jaxremat._api.advice import CoarseLayersWarning as CoarseLayersWarning
 from jaxremat._api.advice import NoSavingWarning as NoSavingWarning
 from jaxremat._api.apply import apply as apply
@@ -49,6 +50,7 @@ from jaxremat.solvers._graph import solve_graph as solve_graph
 __version__ = "0.1.0"
 
 __all__ = (
+    "BatchAxisWarning",
     "Chain",
     "ChainTooLongError",
     "CoarseLayersWarning",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from jaxremat._api.advice import warn_unbatched_shapes
 
 
 def load_model(spec: str, command: str = "plan") -> Any:
@@ -84,18 +85,9 @@ def model_inputs(spec: str, batch_shape: Sequence[int], dtype: str,
   return model, params, x, kwargs
 
 
-class BatchAxisWarning(UserWarning):
-  """No output of the model has ``--batch-shape``'s first axis."""
-
-
 def _warn_unbatched(out: Any, x: jax.Array) -> None:
-  """Warns when no leaf of the model's output ``out`` has ``--batch-shape``'s first axis:
-  flax layers read an input without its batch axis as one example."""
-  shapes = [leaf.shape for leaf in jax.tree_util.tree_leaves(out)]
-  if shapes and all(shape and shape[0] != x.shape[0] for shape in shapes):
-    given = ",".join(map(str, x.shape))
-    warnings.warn(BatchAxisWarning(
-        f"the model's output has shape {shapes[0]}, whose first axis is not "
-        f"--batch-shape's first ({x.shape[0]}): flax layers read an input without its "
-        f"batch axis as one example, and the plan is for that. If {given} is one "
-        f"example, give the batch too: --batch-shape N,{given}."), stacklevel=2)
+  """``BatchAxisWarning`` when no output of the model has ``--batch-shape``'s first axis."""
+  given = ",".join(map(str, x.shape))
+  warn_unbatched_shapes([leaf.shape for leaf in jax.tree_util.tree_leaves(out)], x.shape,
+                        f"If {given} is one example, give the batch too: "
+                        f"--batch-shape N,{given}.")

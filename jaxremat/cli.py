@@ -174,10 +174,15 @@ def _batch_shape(text: str) -> list[int]:
 
 
 def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None:
-  """jaxremat's warnings in the CLI's words (``--layer-depth N``, not ``layer_depth=N``);
+  """jaxremat's warnings in the CLI's words (``--layer-depth N``, not ``layer_depth=N``;
+  the batch axis once, in ``--batch-shape``'s, as the model's inputs warn it first);
   others (a library's deprecations) as they are, each once."""
-  seen = set()
+  seen: set[tuple[type[Warning], str]] = set()
   for w in caught:
+    if w.category is jaxremat.BatchAxisWarning:
+      if (w.category, "") in seen:
+        continue
+      seen.add((w.category, ""))
     if w.category.__module__.startswith("jaxremat") or str(w.message).startswith("jaxremat"):
       message = str(w.message).removeprefix("jaxremat: ")
       print(f"jaxremat {command}: {w.category.__name__}: {_as_flags(message)}",

@@ -1,5 +1,7 @@
 """jaxremat.apply end to end: the drop-in gives the same outputs and gradients as the model."""
 
+import warnings
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -307,3 +309,19 @@ def test_an_error_an_nnx_module_raises_when_traced_says_labels_go_in_loss_fn():
     jaxremat.apply_nnx(model, (x, jnp.zeros(4, jnp.int32)))
   note = "\n".join(getattr(raised.value, "__notes__", []))
   assert "traced as model(batch)" in note and "labels for the loss go in loss_fn=" in note
+
+
+def test_a_batch_without_its_batch_axis_is_warned_of():
+  """A user's trial: one example, shape (64,), was planned as written with only a
+  NoSavingWarning that blamed nn.remat or coarse layers."""
+  model = nn.Sequential([nn.Dense(256), nn.gelu, nn.Dense(256), nn.gelu, nn.Dense(10)])
+  x = jnp.ones((64,))
+  params = model.init(jax.random.key(0), x)
+  for plan in (lambda: jaxremat.apply(model.apply, params, x, verify=False),
+               lambda: jaxremat.fit(model.apply, params, x, 1.0, verify=False)):
+    with pytest.warns(jaxremat.BatchAxisWarning, match=r"pass a batch of them: shape \(N, 64\)"):
+      plan()
+  batched = jnp.ones((8, 64))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", jaxremat.BatchAxisWarning)
+    jaxremat.apply(model.apply, params, batched, verify=False)

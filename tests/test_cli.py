@@ -246,7 +246,7 @@ def test_plan_warns_when_the_batch_shape_lacks_the_batch_axis(capsys):
   assert cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "16,16,3"]) == 0
   err = capsys.readouterr().err
   assert "jaxremat plan: BatchAxisWarning: the model's output has shape (2, 10)" in err
-  assert "--batch-shape N,16,16,3" in err
+  assert "--batch-shape N,16,16,3" in err and err.count("BatchAxisWarning") == 1
   assert cli.main(["plan", "jaxremat.zoo:all_conv", "--batch-shape", "4,16,16,3"]) == 0
   assert "BatchAxisWarning" not in capsys.readouterr().err
 

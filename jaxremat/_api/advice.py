@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
+
+import jax
 
 from jaxremat._api.planner import Planner
 from jaxremat._jaxpr import compat as _compat
@@ -24,6 +27,35 @@ class NoSavingWarning(UserWarning):
   """The chosen plan compiled less than ``MIN_SAVING`` below the model as written (and
   would recompute for next to nothing), or keeps every layer boundary, so ``fn`` runs the
   model unchanged."""
+
+
+class BatchAxisWarning(UserWarning):
+  """No output of the model has the batch's first axis: flax layers read an input
+  without its batch axis as one example, and the plan is for that."""
+
+
+def warn_if_unbatched(traced: TracedChain, batch: Any) -> None:
+  """``BatchAxisWarning`` when no output of the model has the batch's first axis (that
+  of its first array of rank one or more)."""
+  leaves = [x for x in jax.tree_util.tree_leaves(batch) if getattr(x, "ndim", 0)]
+  if leaves:
+    shape = tuple(leaves[0].shape)
+    outs = [tuple(v.aval.shape) for v in traced.outvars if hasattr(v, "aval")]
+    warn_unbatched_shapes(outs, shape, (
+        f"If the batch's {shape} is one example, pass a batch of them: shape "
+        f"(N, {', '.join(map(str, shape))})."), stacklevel=4)
+
+
+def warn_unbatched_shapes(out_shapes: list[tuple[int, ...]], batch_shape: tuple[int, ...],
+                          fix: str, stacklevel: int = 3) -> None:
+  """Warns (``BatchAxisWarning``) when no output of rank one or more (``out_shapes``) has
+  the batch's first axis (``batch_shape[0]``); ``fix`` says what to give instead."""
+  shapes = [s for s in out_shapes if s]
+  if batch_shape and shapes and all(s[0] != batch_shape[0] for s in shapes):
+    warnings.warn(BatchAxisWarning(
+        f"the model's output has shape {shapes[0]}, whose first axis is not the batch's "
+        f"first ({batch_shape[0]}): flax layers read an input without its batch axis as "
+        f"one example, and the plan is for that. {fix}"), stacklevel=stacklevel)
 
 
 def warn_as_written(as_written_bytes: int, least_bytes: int, reason: str = "") -> None:

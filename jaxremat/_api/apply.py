@@ -10,7 +10,7 @@ import jax
 
 from jaxremat._api import checks
 from jaxremat._api.advice import (MIN_SAVING, coarse_reason, warn_as_written, warn_if_coarse,
-                                  warn_boundaries_kept, warn_one_layer)
+                                  warn_if_unbatched, warn_boundaries_kept, warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_finer,
                                  searched_note)
@@ -178,6 +178,7 @@ def apply(
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)
   checks.check_loss_output(traced, model_kwargs, loss_fn)
+  warn_if_unbatched(traced, batch)
   key = input_key(params, batch, model_kwargs)
 
   footprints: dict[tuple[Any, ...], int] = {}  # XLA's, by program: none compiled twice

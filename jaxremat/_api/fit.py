@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from jaxremat._api import checks
-from jaxremat._api.advice import coarse_reason, one_layer_hint
+from jaxremat._api.advice import coarse_reason, one_layer_hint, warn_if_unbatched
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.memory_budget import (budget_in_bytes, budget_read_as, check_memory_budget,
                                          is_share)
@@ -137,6 +137,7 @@ def fit(
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   checks.check_float_output(traced)
   checks.check_loss_output(traced, model_kwargs, loss_fn)
+  warn_if_unbatched(traced, batch)
   key = input_key(params, batch, model_kwargs)
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
   written = traced
