@@ -98,7 +98,8 @@ def apply(
       candidates; the plan is returned as the solver gave it). ``False``:
       compile nothing (the prediction alone).
     calibrate: compile each layer's backward alone and take what XLA's temp needs beyond
-      its residuals as its workspace (one small compile per layer).
+      its residuals as its workspace (one small compile per layer). A convolution
+      compiled alone needs more than in the whole step: conv nets are over-predicted.
     profile: what predicts XLA's footprint of a plan. ``"jaxpr"``: the estimate, from
       the jaxpr and the backend's rules, scaled to XLA's footprint of the model as
       written where ``apply`` compiles it anyway (its own plan for a chain, no budget,
