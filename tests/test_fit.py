@@ -117,10 +117,13 @@ def test_fit_times_the_fitting_plans_and_returns_the_fastest_measured():
   f = jaxremat.fit(model.apply, params, x, 0.5)  # concrete inputs on the local backend
   assert len(f.timed) >= 2 and f.timed[0][0] in f.report()
   seconds = [s for _, _, s in f.timed]
-  assert seconds == sorted(seconds) and all(s > 0 for s in seconds)
+  assert seconds[1:] == sorted(seconds[1:]) and all(s > 0 for s in seconds)
   assert all(total <= f.budget_bytes for _, total, _ in f.timed)
   assert len({what for what, _, _ in f.timed}) == len(f.timed)
   assert f.timing_spread is not None and f.timing_spread >= 0
+  # the fastest, or a plan of less footprint within the fastest one's noise
+  assert seconds[0] <= min(seconds) * (1 + f.timing_spread)
+  assert all(f.timed[0][1] <= total for _, total, s in f.timed if s < seconds[0])
   assert f"up to {100 * f.timing_spread:.0f}% slower than its least" in f.report()
   # The returned plan is the first timed one: XLA's footprint of its fn, re-measured.
   loss = training_loss(f.fn, {})

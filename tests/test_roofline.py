@@ -63,3 +63,14 @@ def test_a_steps_spread_is_its_median_time_over_its_least():
   assert spread([0.2, 0.1, 0.15]) == pytest.approx(0.5)  # median 0.15 over least 0.1
   assert spread([0.1, 0.3, 0.3, 0.1]) == pytest.approx(2.0)  # upper median of an even count
   assert spread([0.25]) == 0.0
+
+
+def test_steps_within_the_fastest_ones_noise_go_to_the_least_footprint():
+  from jaxremat._backends.step_time import ranked
+  fast = [0.100, 0.104, 0.110]  # least 0.100, median 0.104
+  near = [0.103, 0.105, 0.108]  # its least within the fastest's median: a tie
+  slow = [0.120, 0.121, 0.125]
+  assert ranked([fast, near, slow], [30, 20, 10]) == [1, 0, 2]  # the tie's smaller footprint
+  assert ranked([fast, near, slow], [10, 20, 5]) == [0, 1, 2]  # the slow one is no tie
+  assert ranked([near, fast], [20, 20]) == [1, 0]  # equal footprints: the faster
+  assert ranked([[0.2]], [1]) == [0]

@@ -33,7 +33,7 @@ from jaxremat._backends.policy_options import LayerOptions, OptionCosts, group_c
 from jaxremat._backends.plain_step import compile_replay
 from jaxremat._backends.replay import Replay
 from jaxremat._backends.roofline import roofline_for
-from jaxremat._backends.step_time import spread, step_seconds
+from jaxremat._backends.step_time import ranked, spread, step_seconds
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
@@ -108,8 +108,9 @@ def fit(
       run every one that XLA fits (and those that fitted while searching) on this
       machine and return the fastest measured (on a CPU, whose step time grows with
       the footprint, that is often a smaller plan than the one of least predicted
-      recompute). Default: on for the local backend with concrete ``params`` and
-      ``batch`` and ``verify``.
+      recompute); of plans whose least time is within the fastest one's median run, the
+      one of least footprint. Default: on for the local backend with concrete
+      ``params`` and ``batch`` and ``verify``.
 
   Raises:
     InvalidBudgetError: ``memory_budget`` is not a positive number.
@@ -159,11 +160,11 @@ def fit(
 
   spreads: list[float] = []  # of each timed plan's runs (median over least)
 
-  def time_plans(plans: list[PolicyPlan]) -> list[float]:  # seconds per step, measured
+  def time_plans(plans: list[PolicyPlan]) -> list[list[float]]:  # seconds of each run
     with clock("time"):
       times = step_seconds([steps[p] for p in plans], (params, batch, arrays))
     spreads.extend(spread(t) for t in times)
-    return [min(t) for t in times]
+    return times
 
   def measured(plan: Plan | PolicyPlan, as_written: bool = False) -> int:
     with clock("compile"):
@@ -282,9 +283,9 @@ def fit(
       compiled.append(got)
       if got <= budget:
         candidates.append((what, groups, got))
-    seconds = time_plans([as_plan(g) for _, g, _ in candidates])
-    order = sorted(range(len(candidates)), key=seconds.__getitem__)
-    timings = [(candidates[k][0], candidates[k][2], seconds[k]) for k in order]
+    times = time_plans([as_plan(g) for _, g, _ in candidates])
+    order = ranked(times, [got for _, _, got in candidates])
+    timings = [(candidates[k][0], candidates[k][2], min(times[k])) for k in order]
     _, chosen, footprint = candidates[order[0]]
     examined += [g for _, g, _ in candidates]
   # the plans examined join the sampled frontier where they beat it

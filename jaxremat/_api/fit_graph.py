@@ -25,6 +25,7 @@ from collections.abc import Callable
 from jaxremat._api.graph_planner import GraphPlanner
 from jaxremat._api.verify import fit_budget
 from jaxremat._backends.policy_options import LayerOptions
+from jaxremat._backends.step_time import ranked
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr.compat import aval_bytes
 from jaxremat._model.chain import Plan
@@ -219,11 +220,11 @@ class GraphDP:
 
 def fit_graph(planner: GraphPlanner, layers: LayerOptions, budget: int, plain_bytes: int,
               measured: Callable[[PolicyPlan], int] | None,
-              time_plans: Callable[[list[PolicyPlan]], list[float]] | None) -> GraphFit:
+              time_plans: Callable[[list[PolicyPlan]], list[list[float]]] | None) -> GraphFit:
   """The plan of least predicted recompute that XLA fits in ``budget`` (bytes): the graph
   DP's (``GraphDP``), solved for less by XLA's excess after each miss. Where none fits in
   ``MAX_GRAPH_COMPILES`` compiles, or with ``time_plans`` (then the fastest measured of
-  every plan that fits is returned), also the shortlist: the layer-boundary budget plan
+  every plan that fits is returned, ``step_time.ranked``), also the shortlist: the layer-boundary budget plan
   XLA fits (``fit_budget``) and the plans of ``shortlist`` predicted faster than it.
 
   Args:
@@ -232,7 +233,7 @@ def fit_graph(planner: GraphPlanner, layers: LayerOptions, budget: int, plain_by
     budget: the whole step's budget (bytes).
     plain_bytes: the footprint without remat (bytes; XLA's with ``measured``).
     measured: XLA's footprint of a plan (bytes); None: the DP's plan as predicted.
-    time_plans: the measured step time (seconds) of each plan compiled already.
+    time_plans: the measured times (seconds) of each run of each plan compiled already.
 
   Raises:
     InfeasibleBudgetError: nothing fits; ``min_feasible_bytes`` is the least footprint
@@ -284,9 +285,9 @@ def fit_graph(planner: GraphPlanner, layers: LayerOptions, budget: int, plain_by
   chosen = min(fitting, key=lambda c: c.seconds)
   timed: tuple[tuple[str, int, float], ...] = ()
   if time_plans is not None:
-    seconds = time_plans([c.plan for c in fitting])
-    order = sorted(range(len(fitting)), key=seconds.__getitem__)
-    timed = tuple((fitting[k].what, seen[fitting[k].plan], seconds[k]) for k in order)
+    times = time_plans([c.plan for c in fitting])
+    order = ranked(times, [seen[c.plan] for c in fitting])
+    timed = tuple((fitting[k].what, seen[fitting[k].plan], min(times[k])) for k in order)
     chosen = fitting[order[0]]
   return GraphFit(chosen, seen[chosen.plan], chosen.predicted_bytes, tuple(compiled), points,
                   timed)
