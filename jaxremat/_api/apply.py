@@ -106,9 +106,10 @@ def apply(
       ``verify`` not False): the plan without checkpoints then predicts XLA's figure.
       ``"compiled"``: the compiled profile: the training step without remat is compiled
       once (for ``target``) and each plan replays XLA's own schedule and buffers of it
-      (docs/memory-model.md); not with a scanned stack or sharded inputs. Default (None): ``"compiled"`` for a
-      GPU (a ``target``, or the local device) and for a graph of layers (whose jaxpr
-      profile is model G alone), where the model allows it; else ``"jaxpr"``.
+      (docs/memory-model.md); not with a scanned stack or sharded inputs. Default
+      (None): ``"compiled"`` for a GPU (a ``target``, or the local device) and for a
+      graph of layers (whose jaxpr profile is model G alone), where the model allows
+      it; else ``"jaxpr"``.
       ``Remat.profile`` says which predicted.
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked

@@ -224,8 +224,9 @@ def fit_graph(planner: GraphPlanner, layers: LayerOptions, budget: int, plain_by
   """The plan of least predicted recompute that XLA fits in ``budget`` (bytes): the graph
   DP's (``GraphDP``), solved for less by XLA's excess after each miss. Where none fits in
   ``MAX_GRAPH_COMPILES`` compiles, or with ``time_plans`` (then the fastest measured of
-  every plan that fits is returned, ``step_time.ranked``), also the shortlist: the layer-boundary budget plan
-  XLA fits (``fit_budget``) and the plans of ``shortlist`` predicted faster than it.
+  every plan that fits is returned, ``step_time.ranked``), also the shortlist: the
+  layer-boundary budget plan XLA fits (``fit_budget``) and the plans of ``shortlist``
+  predicted faster than it.
 
   Args:
     planner: the graph's planner.
