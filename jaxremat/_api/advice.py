@@ -49,8 +49,9 @@ def warn_if_unbatched(traced: TracedChain, batch: Any) -> None:
 def warn_unbatched_shapes(out_shapes: list[tuple[int, ...]], batch_shape: tuple[int, ...],
                           fix: str, stacklevel: int = 3) -> None:
   """Warns (``BatchAxisWarning``) when no output of rank one or more (``out_shapes``) has
-  the batch's first axis (``batch_shape[0]``); ``fix`` says what to give instead."""
-  shapes = [s for s in out_shapes if s]
+  the batch's first axis (``batch_shape[0]``); ``fix`` says what to give instead. An
+  output whose first axis is 1 (a mean over the batch, keeping its axis) says nothing."""
+  shapes = [s for s in out_shapes if s and s[0] != 1]
   if batch_shape and shapes and all(s[0] != batch_shape[0] for s in shapes):
     warnings.warn(BatchAxisWarning(
         f"the model's output has shape {shapes[0]}, whose first axis is not the batch's "
