@@ -68,9 +68,11 @@ def test_a_steps_spread_is_its_median_time_over_its_least():
 def test_steps_within_the_fastest_ones_noise_go_to_the_least_footprint():
   from jaxremat._backends.step_time import ranked
   fast = [0.100, 0.104, 0.110]  # least 0.100, median 0.104
-  near = [0.103, 0.105, 0.108]  # its least within the fastest's median: a tie
+  near = [0.101, 0.105, 0.108]  # its least within the fastest's median and TIE: a tie
   slow = [0.120, 0.121, 0.125]
   assert ranked([fast, near, slow], [30, 20, 10]) == [1, 0, 2]  # the tie's smaller footprint
   assert ranked([fast, near, slow], [10, 20, 5]) == [0, 1, 2]  # the slow one is no tie
   assert ranked([near, fast], [20, 20]) == [1, 0]  # equal footprints: the faster
   assert ranked([[0.2]], [1]) == [0]
+  noisy = [0.100, 0.150, 0.160]  # a median far above its least: the tie stops at TIE
+  assert ranked([noisy, [0.101, 0.2], [0.110, 0.2]], [30, 20, 10]) == [1, 0, 2]

@@ -108,9 +108,9 @@ def fit(
       run every one that XLA fits (and those that fitted while searching) on this
       machine and return the fastest measured (on a CPU, whose step time grows with
       the footprint, that is often a smaller plan than the one of least predicted
-      recompute); of plans whose least time is within the fastest one's median run, the
-      one of least footprint. Default: on for the local backend with concrete
-      ``params`` and ``batch`` and ``verify``.
+      recompute); of plans whose least time is within the fastest one's median run and
+      2% of its least, the one of least footprint. Default: on for the local backend
+      with concrete ``params`` and ``batch`` and ``verify``.
 
   Raises:
     InvalidBudgetError: ``memory_budget`` is not a positive number.

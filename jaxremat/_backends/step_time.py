@@ -44,13 +44,18 @@ def spread(times: Sequence[float]) -> float:
   return ordered[len(ordered) // 2] / ordered[0] - 1
 
 
+#: Step times within this share of the fastest (and within its noise) are a tie.
+TIE = 0.02
+
+
 def ranked(times: Sequence[Sequence[float]], footprints: Sequence[int]) -> list[int]:
   """The timed steps' indices, the one to return first: of the steps whose least time is
-  at most the fastest one's median (a tie within this machine's noise), the one of least
-  footprint (bytes), so that reruns agree more often and the tie goes to memory; then the
-  others by least time."""
+  at most the fastest one's median run and within ``TIE`` of its least (a tie within this
+  machine's noise), the one of least footprint (bytes), so that reruns agree more often
+  and the tie goes to memory; then the others by least time."""
   least = [min(t) for t in times]
   fastest = sorted(times[min(range(len(times)), key=least.__getitem__)])
-  tied = [k for k in range(len(times)) if least[k] <= fastest[len(fastest) // 2]]
+  tie = min(fastest[len(fastest) // 2], fastest[0] * (1 + TIE))
+  tied = [k for k in range(len(times)) if least[k] <= tie]
   first = min(tied, key=lambda k: (footprints[k], least[k]))
   return [first, *sorted((k for k in range(len(times)) if k != first), key=least.__getitem__)]
