@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxremat._api.advice import warn_unbatched_shapes
 
 
 def load_model(spec: str, command: str = "plan") -> Any:
@@ -75,19 +74,10 @@ def model_inputs(spec: str, batch_shape: Sequence[int], dtype: str,
   kwargs: dict[str, Any] = dict(model_kwargs or {})
   if rngs:
     kwargs["rngs"] = {name: jax.random.key(2 + k) for k, name in enumerate(rngs)}
-  init = lambda: model.init_with_output(  # every collection, and the output's shapes
+  init = lambda: model.init(  # every collection
       {"params": jax.random.key(0), **kwargs.get("rngs", {})}, x,
       **{k: v for k, v in kwargs.items() if k not in ("rngs", "mutable")})
-  out, params = jax.jit(init)() if concrete else jax.eval_shape(init)
+  params = jax.jit(init)() if concrete else jax.eval_shape(init)
   if "batch_stats" in params:
     kwargs["mutable"] = ["batch_stats"]
-  _warn_unbatched(out, x)
   return model, params, x, kwargs
-
-
-def _warn_unbatched(out: Any, x: jax.Array) -> None:
-  """``BatchAxisWarning`` when no output of the model has ``--batch-shape``'s first axis."""
-  given = ",".join(map(str, x.shape))
-  warn_unbatched_shapes([leaf.shape for leaf in jax.tree_util.tree_leaves(out)], x.shape,
-                        f"If {given} is one example, give the batch too: "
-                        f"--batch-shape N,{given}.")

@@ -149,10 +149,14 @@ def _bench_command(args: argparse.Namespace) -> int:
 
 def _as_flags(message: str) -> str:
   """Keyword arguments in a message (``layer_depth=N``, ``budget_bytes``,
-  ``memory_budget``, ``time_steps=True``, ``verify=False``, apply's ``verify=True``) as
-  the commands' flags."""
+  ``memory_budget``, ``time_steps=True``, ``verify=False``, apply's ``verify=True``, the
+  batch's shape) as the commands' flags."""
   message = re.sub(r"\blayer_depth='?(\d+|search)'?", r"--layer-depth \1", message)
   message = re.sub(r"\b(budget_bytes|memory_budget)(=| )", lambda m: "--budget ", message)
+  message = re.sub(  # BatchAxisWarning's fix, for --batch-shape
+      r"If the batch's \(([\d, ]+)\) is one example, pass a batch of them: shape \(N, [\d, ]+\)",
+      lambda m: (f"If {m[1].replace(' ', '').rstrip(',')} is one example, give the batch too: "
+                 f"--batch-shape N,{m[1].replace(' ', '').rstrip(',')}"), message)
   for keyword, flag in (("layer_depth=", "--layer-depth "), ("time_steps=True", "--time-steps"),
                         ("verify=False", "--no-verify"),
                         ("jaxremat.apply(..., verify=True) (apply_nnx for an nnx module)",
@@ -174,21 +178,18 @@ def _batch_shape(text: str) -> list[int]:
 
 
 def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None:
-  """jaxremat's warnings in the CLI's words (``--layer-depth N``, not ``layer_depth=N``;
-  the batch axis once, in ``--batch-shape``'s, as the model's inputs warn it first);
-  others (a library's deprecations) as they are, each once."""
+  """Each warning once: jaxremat's in the CLI's words (``--layer-depth N``, not
+  ``layer_depth=N``), others (a library's deprecations) as they are."""
   seen: set[tuple[type[Warning], str]] = set()
   for w in caught:
-    if w.category is jaxremat.BatchAxisWarning:
-      if (w.category, "") in seen:
-        continue
-      seen.add((w.category, ""))
+    if (w.category, str(w.message)) in seen:
+      continue
+    seen.add((w.category, str(w.message)))
     if w.category.__module__.startswith("jaxremat") or str(w.message).startswith("jaxremat"):
       message = str(w.message).removeprefix("jaxremat: ")
       print(f"jaxremat {command}: {w.category.__name__}: {_as_flags(message)}",
             file=sys.stderr)
-    elif (w.category, str(w.message)) not in seen:
-      seen.add((w.category, str(w.message)))
+    else:
       print(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}", file=sys.stderr)
 
 
