@@ -276,6 +276,10 @@ CASES = [
     Case("apply-loss-fn-not-scalar",
          lambda: apply_mlp(loss_fn=lambda out: out * 2, verify=False),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
+    Case("apply-loss-fn-with-aux",
+         lambda: apply_mlp(loss_fn=lambda out: (out.mean(), out), verify=False),
+         jaxremat.InvalidArgumentError, r"got a tuple of 2 whose first is a scalar.*"
+         r"pass lambda out: loss_fn\(out\)\[0\]"),
     Case("apply-loss-fn-raises-on-the-output",
          lambda: apply_mlp(loss_fn=lambda out: out["logits"].mean(), verify=False),
          jaxremat.InvalidArgumentError,
@@ -287,6 +291,11 @@ CASES = [
          r"without its updated collections \(the logits alone"),
     Case("measure-non-scalar-loss", lambda: jaxremat.measure(mlp()[0].apply, mlp()[1], X),
          jaxremat.InvalidArgumentError, r"loss_fn must return a float scalar.*\(2, 8\)"),
+    Case("measure-loss-with-aux",
+         lambda: jaxremat.measure(lambda p, x: (mlp()[0].apply(p, x).mean(), {"n": 1}),
+                                  mlp()[1], X),
+         jaxremat.InvalidArgumentError, r"got a tuple of 2 whose first is a scalar.*has_aux=True"
+         r".*loss_fn\(params, batch\)\[0\]"),
     # Models jaxremat cannot checkpoint.
     Case("no-layers", lambda: jaxremat.apply(lambda p, x: x, {"w": jnp.ones(3)}, jnp.ones(3)),
          jaxremat.EmptyModelError, "no layers"),

@@ -63,7 +63,7 @@ def check_loss_output(traced: TracedChain, model_kwargs: dict[str, Any], loss_fn
     raise InvalidArgumentError(
         f"loss_fn raised {type(err).__name__} ({err}) when called on the model's output, "
         f"{tree_shapes(outputs)}. loss_fn takes {how}.") from err
-  check_scalar_loss(value)
+  check_scalar_loss(value, "out")
 
 
 class _Required:

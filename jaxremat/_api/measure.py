@@ -66,7 +66,7 @@ def measure(
     return nnx.grad(loss_fn, argnums=nnx.DiffState(0, wrt))(nnx.merge(graphdef, state), batch)
 
   with keeping_barriers():
-    check_scalar_loss(jax.eval_shape(loss, state, batch))
+    check_scalar_loss(jax.eval_shape(loss, state, batch), "model, batch")
     if resolved is not None:
       return target_footprint(grad_step, (state, batch), resolved, compiler_options)
   return compile_footprint(grad_step, state, batch, compiler_options=compiler_options)

@@ -100,13 +100,21 @@ def footprint_of(compiled: Any, flops: float, backend: str,
       flops=flops, backend=backend, compiler_options=options)
 
 
-def check_scalar_loss(out: Any) -> None:
-  """Raises unless ``out`` (a loss's abstract value) is a float scalar."""
-  if getattr(out, "shape", None) != () or not jax.numpy.issubdtype(out.dtype, jax.numpy.floating):
+def check_scalar_loss(out: Any, call: str = "params, batch") -> None:
+  """Raises unless ``out`` (a loss's abstract value) is a float scalar; ``call``: the
+  loss's arguments, for the fix of a ``(loss, aux)`` pair."""
+  if getattr(out, "shape", None) == () and jax.numpy.issubdtype(out.dtype, jax.numpy.floating):
+    return
+  if isinstance(out, (tuple, list)) and out and getattr(out[0], "shape", None) == ():
     raise InvalidArgumentError(
-        f"loss_fn must return a float scalar to differentiate, got "
-        f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}; reduce "
-        "the model output to one number, e.g. jnp.mean(jnp.square(out)).")
+        f"loss_fn must return a float scalar to differentiate, got a {type(out).__name__} "
+        f"of {len(out)} whose first is a scalar, as jax.value_and_grad(..., has_aux=True) "
+        f"takes (loss, aux); jaxremat differentiates the loss alone: pass "
+        f"lambda {call}: loss_fn({call})[0].")
+  raise InvalidArgumentError(
+      f"loss_fn must return a float scalar to differentiate, got "
+      f"{getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}".rstrip()
+      + "; reduce the model output to one number, e.g. jnp.mean(jnp.square(out)).")
 
 
 def gradient_step(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
