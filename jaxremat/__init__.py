@@ -1,9 +1,9 @@
 """jaxremat: optimal gradient checkpointing for JAX and Flax, proved with XLA's statistics."""
 
-from jaxremat._api.advice import BatchAxisWarning as BatchAxisWarning
 from jaxremat._api.advice import CoarseLayersWarning as CoarseLayersWarning
 from jaxremat._api.advice import NoSavingWarning as NoSavingWarning
 from jaxremat._api.apply import apply as apply
+from jaxremat._api.checks import BatchAxisWarning as BatchAxisWarning
 from jaxremat._api.fitted import Fitted as Fitted
 from jaxremat._api.fit import fit as fit
 from jaxremat._model.policy_plan import Group as Group

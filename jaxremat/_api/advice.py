@@ -29,29 +29,6 @@ class NoSavingWarning(UserWarning):
   model unchanged."""
 
 
-class BatchAxisWarning(UserWarning):
-  """No output of the model has the batch's first axis: flax layers read an input
-  without its batch axis as one example, and the plan is for that."""
-
-
-def warn_if_unbatched(traced: TracedChain, batch: Any) -> None:
-  """``BatchAxisWarning`` when no output of the model of rank one or more has the first
-  axis of the batch's first array of rank one or more. An output whose first axis is 1
-  (a mean over the batch, keeping its axis) says nothing."""
-  leaves = [x for x in jax.tree_util.tree_leaves(batch) if getattr(x, "ndim", 0)]
-  if not leaves:
-    return
-  shape = tuple(leaves[0].shape)
-  outs = [tuple(v.aval.shape) for v in traced.outvars if hasattr(v, "aval")]
-  outs = [s for s in outs if s and s[0] != 1]
-  if outs and all(s[0] != shape[0] for s in outs):
-    warnings.warn(BatchAxisWarning(
-        f"the model's output has shape {outs[0]}, whose first axis is not the batch's "
-        f"first ({shape[0]}): flax layers read an input without its batch axis as one "
-        f"example, and the plan is for that. If the batch's {shape} is one example, pass "
-        f"a batch of them: shape (N, {', '.join(map(str, shape))})."), stacklevel=3)
-
-
 def warn_as_written(as_written_bytes: int, least_bytes: int, reason: str = "") -> None:
   """Warns (``NoSavingWarning``) that ``apply`` returns the model as written: XLA measured
   its step at ``as_written_bytes``, the chosen plan's at ``least_bytes``; ``reason``

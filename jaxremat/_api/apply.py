@@ -10,7 +10,7 @@ import jax
 
 from jaxremat._api import checks
 from jaxremat._api.advice import (MIN_SAVING, coarse_reason, warn_as_written, warn_if_coarse,
-                                  warn_if_unbatched, warn_boundaries_kept, warn_one_layer)
+                                  warn_boundaries_kept, warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_finer,
                                  searched_note)
@@ -26,7 +26,7 @@ from jaxremat._backends.replay import Replay
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.scan import ScanPlan
-from jaxremat._jaxpr.trace import TracedChain, trace
+from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Plan
 
 def apply(
@@ -175,12 +175,8 @@ def apply(
     verify = verify is None or bool(verify)
   resolved = get_target(target)
   clock = Stopwatch()
-  checks.check_float_params(params)
   with clock("trace"):
-    traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
-  checks.check_float_output(traced)
-  checks.check_loss_output(traced, model_kwargs, loss_fn)
-  warn_if_unbatched(traced, batch)
+    traced = checks.traced_model(model_fn, params, batch, model_kwargs, layer_depth, loss_fn)
   key = input_key(params, batch, model_kwargs)
 
   footprints: dict[tuple[Any, ...], int] = {}  # XLA's, by program: none compiled twice

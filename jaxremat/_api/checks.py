@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +17,28 @@ from jaxremat._backends.targets import Target
 from jaxremat._errors import (EmptyModelError, InvalidArgumentError, InvalidBudgetError,
                               UnsupportedModelError)
 from jaxremat._jaxpr import compat as _compat
-from jaxremat._jaxpr.trace import TracedChain, is_array_leaf, tree_shapes
+from jaxremat._jaxpr.trace import TracedChain, is_array_leaf, trace, tree_shapes
 from jaxremat._model.chain import Plan
 from jaxremat.solvers._budget import budget_as_int
+
+
+class BatchAxisWarning(UserWarning):
+  """No output of the model has the batch's first axis: flax layers read an input
+  without its batch axis as one example, and the plan is for that."""
+
+
+def traced_model(model_fn: Callable[..., Any], params: Any, batch: Any,
+                 model_kwargs: dict[str, Any], layer_depth: int | None,
+                 loss_fn: Any) -> TracedChain:
+  """The model traced into layers, after the checks its parameters and trace allow:
+  float parameters, float outputs, a loss that takes them, and the batch's first axis in
+  an output (``BatchAxisWarning``)."""
+  check_float_params(params)
+  traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  check_float_output(traced)
+  check_loss_output(traced, model_kwargs, loss_fn)
+  _warn_if_unbatched(traced, batch)
+  return traced
 
 
 def check_loss_fn(loss_fn: Any) -> None:
@@ -273,3 +293,21 @@ def check_time_steps(time_steps: bool | None, verify: bool, target: Target | Non
         f"time_steps=True runs the fitting plans on this machine, but {why}. Pass "
         "concrete arrays with verify=True and no target, or leave time_steps unset.")
   return bool(time_steps)
+
+
+def _warn_if_unbatched(traced: TracedChain, batch: Any) -> None:
+  """``BatchAxisWarning`` when no output of the model of rank one or more has the first
+  axis of the batch's first array of rank one or more. An output whose first axis is 1
+  (a mean over the batch, keeping its axis) says nothing."""
+  leaves = [x for x in jax.tree_util.tree_leaves(batch) if getattr(x, "ndim", 0)]
+  if not leaves:
+    return
+  shape = tuple(leaves[0].shape)
+  outs = [tuple(v.aval.shape) for v in traced.outvars if hasattr(v, "aval")]
+  outs = [s for s in outs if s and s[0] != 1]
+  if outs and all(s[0] != shape[0] for s in outs):
+    warnings.warn(BatchAxisWarning(
+        f"the model's output has shape {outs[0]}, whose first axis is not the batch's "
+        f"first ({shape[0]}): flax layers read an input without its batch axis as one "
+        f"example, and the plan is for that. If the batch's {shape} is one example, pass "
+        f"a batch of them: shape (N, {', '.join(map(str, shape))})."), stacklevel=4)

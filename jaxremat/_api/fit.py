@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from jaxremat._api import checks
-from jaxremat._api.advice import coarse_reason, one_layer_hint, warn_if_unbatched
+from jaxremat._api.advice import coarse_reason, one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.memory_budget import (budget_in_bytes, budget_read_as, check_memory_budget,
                                          is_share)
@@ -38,7 +38,7 @@ from jaxremat._backends.targets import Target, get_target
 from jaxremat._errors import InfeasibleBudgetError
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import named_products
-from jaxremat._jaxpr.trace import TracedChain, split_kwargs, trace
+from jaxremat._jaxpr.trace import TracedChain, split_kwargs
 from jaxremat._model.chain import Plan
 from jaxremat._model.policy_plan import KEEP, GroupCost, PolicyPlan, peak_bytes
 from jaxremat.solvers._policy import as_plan, pareto, policy_frontier
@@ -133,12 +133,8 @@ def fit(
   resolved = get_target(target)
   timed = checks.check_time_steps(time_steps, verify, resolved, params, batch)
   clock = Stopwatch()
-  checks.check_float_params(params)
   with clock("trace"):
-    traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
-  checks.check_float_output(traced)
-  checks.check_loss_output(traced, model_kwargs, loss_fn)
-  warn_if_unbatched(traced, batch)
+    traced = checks.traced_model(model_fn, params, batch, model_kwargs, layer_depth, loss_fn)
   key = input_key(params, batch, model_kwargs)
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
   written = traced
