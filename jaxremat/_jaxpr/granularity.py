@@ -7,7 +7,9 @@ By default (``decompose``) the layers start as the root module's children, and a
 that holds a large share of the model's activation bytes is replaced by its own
 children, recursively and at mixed depth, as long as the layers stay a chain: the
 blocks of a transformer's ``Encoder``, of an ``nnx.Sequential`` or of a ResNet stage
-become the layers, wherever they sit (a U-Net's too, planned as a graph).
+become the layers, wherever they sit (a U-Net's too, planned as a graph). A split whose
+blocks all read a value made before them besides their chain (a decoder's blocks, each
+cross-attending to the encoder's output) is kept too, and the layers planned as a graph.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from jaxremat._jaxpr import compat as _compat
+from jaxremat._jaxpr.module_tree import ModuleTree, activation_bytes
 from jaxremat._jaxpr.regroup import (HOIST_SHARE, Group, attach_output_work, first_skip,
-                                     hoist_values)
+                                     hoist_values, shared_inputs)
 
 #: A module is split into its children when it makes at least this share of the model's
 #: activation bytes (``activation_bytes``).
@@ -80,7 +83,11 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
   siblings, stay whole. When the root's children
   are a graph already (a U-Net's skips from its encoder to its decoder), a split is kept
   when the module's layers and the one before them form a chain (an Encoder's blocks),
-  not when it holds a skip of its own (a residual block). Largest modules go first.
+  not when it holds a skip of its own (a residual block). A split (looking down to two
+  levels below the module) whose layers read, besides the layer before them, only values
+  made before the module that two or more of them read (``shared_inputs``: a decoder's
+  blocks and the encoder's output) is kept, and the layers are a graph from then on.
+  Largest modules go first.
   Shares are ratios of shapes, so another batch size gives the same layers.
 
   Args:
@@ -96,11 +103,13 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
   depth = base_depth(stacks)
   weights = activation_bytes(eqns, batch_vars)
   total = max(1, sum(weights))
-  tree = _Tree(stacks, weights, depth)
+  tree = ModuleTree(stacks, weights, depth)
 
-  def evaluate(expanded: frozenset, split: Key = ()) -> tuple[Decomposition, list[Key], bool]:
-    """The layers with the modules of ``expanded`` split, their modules, and whether the
-    layers of ``split`` form a chain with the layer before them (a graph's splits)."""
+  def evaluate(expanded: frozenset, split: Key = ()
+               ) -> tuple[Decomposition, list[Key], bool, set]:
+    """The layers with the modules of ``expanded`` split, their modules, whether the
+    layers of ``split`` form a chain with the layer before them (a graph's splits), and
+    the values they read beside their chain (``shared_inputs``)."""
     keyed = _keyed(eqns, stacks, depth, expanded)
     groups = _named(keyed, depth)
     prelude, groups, moved = hoist_values(groups, invariant, batch_vars, param_vars,
@@ -114,10 +123,12 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     window = keyed[max(inside[0] - 1, 0):inside[-1] + 1] if inside else []
     own_chain = (bool(inside) and inside == list(range(inside[0], inside[-1] + 1))
                  and first_skip([("/".join(k), e) for k, e in window], known) is None)
+    beside = shared_inputs([("", e) for _, e in keyed], inside[0], inside[-1],
+                           known) if inside else set()
     return (Decomposition(tuple(prelude), tuple(groups), chain, _hoist_note(moved)), modules,
-            own_chain)
+            own_chain, beside)
 
-  best, modules, _ = evaluate(frozenset())
+  best, modules, _, _ = evaluate(frozenset())
   expanded: frozenset = frozenset()
   split: list[Key] = []
   if (len(modules) == 1 and tree.divisible(modules[0])
@@ -127,8 +138,28 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     # chain or a graph, as the root's are (kept whole, it leaves nothing to plan)
     split.append(modules[0])
     expanded = tree.expansion(modules[0])
-    best, modules, _ = evaluate(expanded)
+    best, modules, _, _ = evaluate(expanded)
   graph = not best.is_chain  # then splits are judged by their own layers (docstring)
+  shared: set = set()  # values the blocks of the splits kept so far read beside their chain
+
+  def beside_split(key: Key) -> tuple[frozenset, Decomposition, list[Key], set] | None:
+    """``key`` split, with its heavy descendants down to two levels more, where its layers
+    then read only the layer before them, invariants and values made before ``key``
+    that two or more of them read (``shared_inputs``: a decoder's blocks, each reading
+    the encoder's output); None where no such split is found."""
+    keys = tree.expansion(key)
+    for _ in range(3):
+      trial, trial_modules, _, beside = evaluate(expanded | keys, key)
+      known = invariant | {v for e in trial.prelude for v in e.outvars} | shared | beside
+      if beside and first_skip(trial.groups, known) is None:
+        return keys, trial, trial_modules, beside
+      heavy = [k for k in trial_modules if k[:len(key)] == key and k not in keys
+               and tree.divisible(k) and tree.weight(k) >= DESCEND_SHARE * total]
+      if not heavy:
+        return None
+      keys = keys.union(*(tree.expansion(k) for k in heavy))
+    return None
+
   kept: list[Key] = []
   decided: dict[Key, bool] = {}  # (parent, stem) -> whether that kind of module was split
   while True:
@@ -137,87 +168,21 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
     if not candidates:
       break
     key = max(candidates, key=tree.weight)
-    trial, trial_modules, own_chain = evaluate(expanded | tree.expansion(key), key)
+    keys = tree.expansion(key)
+    trial, trial_modules, own_chain, _ = evaluate(expanded | keys, key)
     accepted = trial.is_chain or (graph and own_chain)
+    if not accepted and (found := beside_split(key)) is not None:
+      keys, trial, trial_modules, beside = found
+      shared |= beside
+      accepted = graph = True  # a graph now: later splits are judged by their own layers
     if accepted:
-      expanded, best, modules = expanded | tree.expansion(key), trial, trial_modules
+      expanded, best, modules = expanded | keys, trial, trial_modules
       split.append(key)
     else:
       kept.append(key)
     decided.setdefault(_kind(key), accepted)
   return dataclasses.replace(best, description=_describe(
       split, kept, modules, tree, total, depth, len(best.groups), graph) + best.description)
-
-
-def activation_bytes(eqns: Sequence[Any], batch_vars: Iterable[Any]) -> list[int]:
-  """Per equation, the bytes of the float values it makes that depend on the batch (a
-  proxy for what its backward keeps): inside a call, those of the equations it runs;
-  inside a scan, one iteration's times its length; parameter-only work counts 0."""
-  varying = set(batch_vars)
-  weights = []
-  for eqn in eqns:
-    if any(not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars):
-      varying.update(eqn.outvars)
-      weights.append(_made_bytes(eqn))
-    else:
-      weights.append(0)
-  return weights
-
-
-def _made_bytes(eqn: Any) -> int:
-  """Bytes of the float values ``eqn`` makes, counting the equations of its sub-programs
-  instead of its outputs (``cond``: its largest branch; ``scan``: times its length)."""
-  bodies = [[_body_bytes(j) for j in (value if isinstance(value, (tuple, list)) else (value,))
-             if hasattr(getattr(j, "jaxpr", j), "eqns")] for value in eqn.params.values()]
-  bodies = [b for b in bodies if b]
-  if not bodies:
-    return sum(_compat.aval_bytes(v.aval) for v in eqn.outvars if _compat.is_float(v.aval))
-  times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
-  return times * sum(max(b) for b in bodies)
-
-
-def _body_bytes(jaxpr: Any) -> int:
-  return sum(_made_bytes(e) for e in getattr(jaxpr, "jaxpr", jaxpr).eqns)
-
-
-class _Tree:
-  """The module tree below the root, from the name stacks: each module's activation bytes,
-  its child modules and whether it has equations of its own."""
-
-  def __init__(self, stacks: Sequence[Key], weights: Sequence[int], depth: int):
-    self._weight: dict[Key, int] = {}
-    self._children: dict[Key, dict[Key, None]] = {}
-    self._own: set[Key] = set()
-    for stack, w in zip(stacks, weights):
-      for k in range(depth + 1, len(stack) + 1):
-        prefix = stack[:k]
-        self._weight[prefix] = self._weight.get(prefix, 0) + w
-        if k < len(stack):
-          self._children.setdefault(prefix, {})[stack[:k + 1]] = None
-        else:
-          self._own.add(prefix)
-
-  def weight(self, key: Key) -> int:
-    return self._weight.get(key, 0)
-
-  def _only_child(self, key: Key) -> Key | None:
-    children = list(self._children.get(key, ()))
-    return children[0] if len(children) == 1 and key not in self._own else None
-
-  def divisible(self, key: Key) -> bool:
-    """Whether splitting ``key`` (looking through single children) gives two or more layers,
-    one of them a module."""
-    while (only := self._only_child(key)) is not None:
-      key = only
-    children = len(self._children.get(key, ()))
-    return children >= 1 and children + (key in self._own) >= 2
-
-  def expansion(self, key: Key) -> frozenset:
-    """``key`` and the single children it is looked through to."""
-    keys = [key]
-    while (only := self._only_child(keys[-1])) is not None:
-      keys.append(only)
-    return frozenset(keys)
 
 
 def _kind(key: Key) -> Key:
@@ -339,8 +304,8 @@ def _eqn_label(eqn: Any) -> str:
   return eqn.primitive.name
 
 
-def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: _Tree, total: int,
-              depth: int, layers: int, graph: bool) -> str:
+def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: ModuleTree,
+              total: int, depth: int, layers: int, graph: bool) -> str:
   """``decompose``'s choice in a sentence: the modules split (with their share of the
   activation bytes), the layers' depth, and the modules kept whole; for a ``graph``
   (a layer reads a value made two or more layers before it), that it is one."""

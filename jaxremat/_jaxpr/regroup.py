@@ -150,3 +150,21 @@ def own_work_path(name: str) -> str | None:
   ``(add,mul)#2`` at the root: ``""``); None for a module's layer."""
   path, _, last = name.rpartition("/")
   return path if last.startswith("(") else None
+
+
+def shared_inputs(groups: Sequence[Group], first: int, last: int, invariant: set) -> set:
+  """Values made before layer ``first`` that two or more of layers ``first..last`` read,
+  not counting the layer just after the value's maker: what a run of blocks reads beside
+  its chain (a decoder's blocks, each cross-attending to the encoder's output). A
+  residual block's input, read again only by its closing add, is not one."""
+  made_by: dict[Any, int] = {}
+  readers: dict[Any, set[int]] = collections.defaultdict(set)
+  for li, (_, eqns) in enumerate(groups):
+    for eqn in eqns:
+      for v in eqn.invars:
+        if not isinstance(v, _compat.Literal) and v not in invariant and v in made_by:
+          if first <= li <= last and made_by[v] < first and li != made_by[v] + 1:
+            readers[v].add(li)
+      for v in eqn.outvars:
+        made_by[v] = li
+  return {v for v, found in readers.items() if len(found) >= 2}
