@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxremat._errors import InvalidArgumentError
+from jaxremat._jaxpr.trace import missing_inputs, model_callee
 
 
 def load_model(spec: str, command: str = "plan") -> Any:
@@ -77,7 +79,17 @@ def model_inputs(spec: str, batch_shape: Sequence[int], dtype: str,
   init = lambda: model.init(  # every collection
       {"params": jax.random.key(0), **kwargs.get("rngs", {})}, x,
       **{k: v for k, v in kwargs.items() if k not in ("rngs", "mutable")})
-  params = jax.jit(init)() if concrete else jax.eval_shape(init)
+  try:
+    params = jax.jit(init)() if concrete else jax.eval_shape(init)
+  except TypeError as err:
+    if inputs := missing_inputs(err, model_callee(model.apply)):
+      raise InvalidArgumentError(
+          f"the model takes {', '.join(map(repr, inputs))} besides the batch, and the command "
+          "line passes it one random batch: plan a module whose __call__ takes the batch "
+          f"alone ({', '.join(map(repr, inputs))} made inside it), or call jaxremat from "
+          f"Python with the other inputs by keyword (jaxremat.apply(model.apply, params, x, "
+          f"{inputs[0]}={inputs[0]})).") from err
+    raise
   if "batch_stats" in params:
     kwargs["mutable"] = ["batch_stats"]
   return model, params, x, kwargs

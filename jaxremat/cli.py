@@ -19,7 +19,7 @@ import jaxremat
 from jaxremat import _bench
 from jaxremat._cli_model import model_inputs
 from jaxremat._demo import DEMO_MODELS, format_demo, run_demo
-from jaxremat._jaxpr.trace import asks_for_integers, flax_missing, missing_inputs
+from jaxremat._jaxpr.trace import asks_for_integers, flax_missing
 
 
 def _budget_bytes(text: str) -> int:
@@ -193,16 +193,10 @@ def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None
       print(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}", file=sys.stderr)
 
 
-def _flag_hint(err: Exception, dtype: str, model: str) -> str:
-  """flax's errors of a call missing its arguments (``flax_missing``), a model taking more
-  inputs than the batch (``missing_inputs``), or of float inputs where it takes integers
-  (``nn.Embed``'s token ids), in the CLI's flags; ``model`` is ``MODULE:ATTR``."""
+def _flag_hint(err: Exception, dtype: str) -> str:
+  """flax's errors of a call missing its arguments (``flax_missing``) or of float inputs
+  where it takes integers (``nn.Embed``'s token ids), in the CLI's flags."""
   missing = flax_missing(err)
-  if inputs := missing_inputs(err, f"{model.rpartition(':')[2]}.__call__"):
-    return ("The command line passes the model one random batch: plan a module whose "
-            f"__call__ takes the batch alone ({', '.join(map(repr, inputs))} made inside "
-            "it), or call jaxremat from Python with the other inputs by keyword "
-            f"(jaxremat.apply(model.apply, params, x, {inputs[0]}={inputs[0]})).")
   if missing is None:
     try:
       floats = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
@@ -245,11 +239,16 @@ def _model_command(args: argparse.Namespace) -> int:
           file=sys.stderr)
     return 2
   except Exception as err:  # the model's own: flax's two of a call missing its arguments
-    hint = _flag_hint(err, args.dtype, args.model)
-    if not hint:
+    hint = _flag_hint(err, args.dtype)
+    first = (str(err).splitlines() or [""])[0]
+    if not hint:  # the model's traceback follows, for its own bugs
+      print(f"jaxremat {args.command}: the model raised {type(err).__name__} ({first}) on "
+            f"a random batch of shape ({','.join(map(str, shape))}) and dtype {args.dtype}: "
+            "is --batch-shape the batch's, batch axis first, and --dtype the inputs'?",
+            file=sys.stderr)
       raise
-    print(f"jaxremat {args.command}: the model raised {type(err).__name__}: "
-          f"{str(err).splitlines()[0]} {hint}", file=sys.stderr)
+    print(f"jaxremat {args.command}: the model raised {type(err).__name__}: {first} {hint}",
+          file=sys.stderr)
     return 2
   _print_warnings(args.command, caught)
   print(json.dumps(summary, indent=2) if args.json else _as_flags(result.report()))
@@ -278,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "returning one")
   model_args.add_argument("--batch-shape", required=True, type=_batch_shape,
                           help="comma-separated input shape, batch first (e.g. 32,32,32,3)")
-  model_args.add_argument("--dtype", default="float32")
+  model_args.add_argument("--dtype", default="float32",
+                          help="the random batch's dtype (int32 for token ids; default float32)")
   model_args.add_argument("--model-kwargs", default="{}",
                           help='JSON keyword arguments for model.apply, e.g. \'{"train": true}\'')
   model_args.add_argument("--rngs", default="",

@@ -258,12 +258,24 @@ def test_plan_says_how_to_plan_a_model_of_two_inputs(tmp_path, monkeypatch, caps
       "class Net(nn.Module):\n"
       "  @nn.compact\n"
       "  def __call__(self, x, t):\n"
-      "    return nn.Dense(4)(x) + t[:, None]\n")
+      "    return nn.Dense(4)(x) + t[:, None]\n"
+      "def make():\n"
+      "  return Net()\n")
   monkeypatch.chdir(tmp_path)
-  assert cli.main(["plan", "denoiser:Net", "--batch-shape", "2,4"]) == 2
+  for spec in ("denoiser:Net", "denoiser:make"):  # a factory's name is not the module's
+    assert cli.main(["plan", spec, "--batch-shape", "2,4"]) == 2
+    err = capsys.readouterr().err
+    assert "InvalidArgumentError: the model takes 't' besides the batch" in err
+    assert "passes it one random batch" in err and "t=t" in err
+
+
+def test_a_model_failing_on_the_batch_shape_names_the_flags_to_check(capsys):
+  """A user's trial: a batch shape without the batch axis gave JAX's traceback alone."""
+  with pytest.raises(IndexError):  # the model's own traceback follows the line
+    cli.main(["plan", "jaxremat.zoo:gpt", "--batch-shape", "16", "--dtype", "int32"])
   err = capsys.readouterr().err
-  assert "missing 1 required positional argument: 't'" in err
-  assert "passes the model one random batch" in err and "t=t" in err
+  assert "jaxremat plan: the model raised IndexError" in err
+  assert "on a random batch of shape (16) and dtype int32: is --batch-shape" in err
 
 
 def test_plan_says_a_token_model_takes_integer_inputs(capsys):

@@ -13,6 +13,8 @@ import realworld_models as rm
 from flax import nnx
 
 import jaxremat
+from jaxremat._api.advice import split_depth
+from jaxremat._jaxpr.trace import trace
 from jaxremat.solvers import uniform_plan
 
 #: XLA's footprint of default apply may exceed per-block remat's by this share at most.
@@ -245,6 +247,39 @@ def test_a_decoders_blocks_reading_the_encoders_output_are_layers():
   assert r.measured_total_bytes < coarse.measured_total_bytes
   loss = lambda fn: lambda p: jnp.mean(jnp.square(fn(p, inputs, targets=targets)))
   _assert_close(jax.grad(loss(model.apply))(params), jax.grad(loss(r.fn))(params))
+
+
+class _DecodeScope(nn.Module):
+  """Work of its own and a single child, the decoder: as a ``Transformer.decode`` method
+  scope holds ``decoder``."""
+
+  @nn.compact
+  def __call__(self, x, memory):
+    return _Coder(_CrossBlock, name="Decoder")(x * 2.0, memory)
+
+
+class _ScopedSeq2Seq(nn.Module):
+  @nn.compact
+  def __call__(self, inputs, targets):
+    embed = nn.Embed(50, 32)
+    memory = _Coder(_EncoderBlock, name="Encoder")(embed(inputs))
+    return embed.attend(_DecodeScope(name="decode")(embed(targets), memory))
+
+
+def test_the_layer_depth_hint_reaches_a_scopes_blocks():
+  # A user's trial: the hint for a layer holding most residual bytes said layer_depth=2
+  # for a method scope over a single child ('Transformer.decode' > 'decoder'), one level
+  # too shallow for the decoder's blocks.
+  model = _ScopedSeq2Seq()
+  inputs, targets = (jax.random.randint(jax.random.key(k), (2, 8), 0, 50) for k in (1, 2))
+  params = model.init(jax.random.key(0), inputs, targets)
+  layers = lambda depth: [layer.name for layer in trace(
+      model.apply, params, inputs, {"targets": targets}, depth).layers]
+  decode = next(layer for layer in trace(model.apply, params, inputs, {"targets": targets},
+                                         1).layers if layer.name == "decode")
+  depth = split_depth(decode)
+  assert "decode/Decoder/block0" in layers(depth), (depth, layers(depth))
+  assert "decode/Decoder/block0" not in layers(depth - 1)
 
 
 class _ActivationPenalty(nn.Module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -133,7 +134,7 @@ def coarse_reason(planner: Planner, traced: TracedChain,
   names = planner.chain.names
   if res[k] / sum(res) > DOMINANT and _has_submodules(traced.layers[k]):
     return (f"layer {names[k]!r} holds {res[k] / sum(res):.0%} of the residual bytes. Pass "
-            f"layer_depth={names[k].count('/') + 2} to plan its submodules as layers, or "
+            f"layer_depth={split_depth(traced.layers[k])} to plan its submodules as layers, or "
             "group its inner blocks into modules called one after the other.")
   share = sum(res[i] for i in loops) / sum(res)
   if not loops or share <= DOMINANT:
@@ -180,3 +181,14 @@ def _has_submodules(layer: Layer) -> bool:
   """True when some equation of ``layer`` runs in a module below the layer's own."""
   depth = min(len(_compat.module_path(e)) for e in layer.eqns)
   return any(len(_compat.module_path(e)) > depth for e in layer.eqns)
+
+
+def split_depth(layer: Layer) -> int:
+  """The ``layer_depth`` that makes ``layer``'s child modules layers, looking through a
+  module with a single child (``Transformer.decode``'s ``decoder``): the length of the
+  name stack its equations share, grown while they share one child below it."""
+  paths = [_compat.module_path(e) for e in layer.eqns]
+  depth = len(os.path.commonprefix(paths))
+  while len({p[:depth + 1] for p in paths if len(p) > depth}) == 1:
+    depth += 1
+  return depth
