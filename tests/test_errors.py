@@ -419,7 +419,7 @@ CASES = [
          jaxremat.InputMismatchError, r"with these inputs the model has layers .*plan again with these inputs"),
     Case("drop-in-other-keyword-arguments", planned_for_evaluation_called_for_training,
          jaxremat.InputMismatchError,
-         r"made with no keyword arguments, this call has rngs=\{'dropout': <array>\}, "
+         r"made with no keyword arguments, this call has rngs=\{'dropout': key<fry>\[\]\}, "
          r"train=True; plan with those of the training step"),
     # Reports.
     Case("plot-unknown-method", lambda: mlp()[2].plot("unused.png", compare=("fast",)),
@@ -472,11 +472,11 @@ def test_argument_errors_are_also_type_errors():
 def test_budget_below_what_the_inputs_hold_is_rejected_before_compiling():
   """The least figure is the bytes of params, batch and gradients, and nothing compiles."""
   model, params, _ = mlp()
-  with mock.patch("jaxremat._api.apply.trace", side_effect=AssertionError("traced")):
+  with mock.patch("jaxremat._api.checks.trace", side_effect=AssertionError("traced")):
     with pytest.raises(jaxremat.InfeasibleBudgetError) as info:
       apply_mlp(budget_bytes=1000)
   assert info.value.min_feasible_bytes == held_bytes(params, X)
-  with mock.patch("jaxremat._api.fit.trace", side_effect=AssertionError("traced")):
+  with mock.patch("jaxremat._api.checks.trace", side_effect=AssertionError("traced")):
     with pytest.raises(jaxremat.InfeasibleBudgetError) as info:
       jaxremat.fit(model.apply, params, X, 50)
   assert info.value.min_feasible_bytes == held_bytes(params, X)
@@ -503,7 +503,7 @@ def test_drop_in_raises_the_models_own_error_for_other_keyword_arguments():
   assert not any(n.startswith("jaxremat: the model raised this when traced as") for n in notes)
   (note,) = [n for n in notes if n.startswith("jaxremat:")]
   assert "other keyword arguments than the plan was made for" in note
-  assert "made with rngs={'dropout': <array>}, train=True, this call has train=True." in note
+  assert "made with rngs={'dropout': key<fry>[]}, train=True, this call has train=True." in note
 
 
 def test_drop_in_keeps_the_notes_of_the_models_own_error():

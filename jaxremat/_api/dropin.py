@@ -60,17 +60,22 @@ def _batch_text(now: tuple[Any, tuple], planned: tuple[Any, tuple]) -> str:
 
 
 class _Array:
+  def __init__(self, shape: tuple[int, ...], dtype: str):
+    self.text = f"{dtype}[{', '.join(map(str, shape))}]"
+
   def __repr__(self) -> str:
-    return "<array>"
+    return self.text
 
 
 def _kwargs_text(kwargs_key: InputKey) -> str:
-  """The keyword arguments of an ``input_key`` (from its third entry), arrays as
-  ``<array>``: ``train=True, rngs={'dropout': <array>}``."""
-  _, kw_tree, static = kwargs_key
+  """The keyword arguments of an ``input_key`` (from its third entry), arrays by dtype and
+  shape: ``train=True, targets=int32[8, 64]``."""
+  (_, avals), kw_tree, static = kwargs_key
+  arrays = iter(_Array(shape, dtype) for shape, dtype in avals)
   try:
-    kwargs = jax.tree_util.tree_unflatten(kw_tree, [_Array() if s is None else s for s in static])
-  except (TypeError, ValueError):
+    kwargs = jax.tree_util.tree_unflatten(kw_tree, [next(arrays) if s is None else s
+                                                    for s in static])
+  except (TypeError, ValueError, StopIteration):
     return "other keyword arguments"
   shown = [f"{k}={v!r:.80}" for k, v in kwargs.items()
            if not k.startswith(PRIVATE_KWARGS)]  # apply_nnx's model state: not the user's
