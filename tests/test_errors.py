@@ -240,6 +240,13 @@ CASES = [
          jaxremat.InvalidArgumentError, r"model_fn is an nnx module \(Linear\).*fit_nnx"),
     Case("apply-without-batch", lambda: jaxremat.apply(mlp()[0].apply, mlp()[1]),
          jaxremat.InvalidArgumentError, r"apply\(model_fn, params, batch\) was called without batch"),
+    Case("apply-given-memory-budget", lambda: apply_mlp(memory_budget=0.5),
+         jaxremat.InvalidArgumentError, r"apply\(\) got memory_budget=0\.5, which would be "
+         r"passed to the model.*jaxremat\.fit's budget.*apply's is budget_bytes="),
+    Case("fit-given-budget-bytes",
+         lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 0.5, budget_bytes=10**6),
+         jaxremat.InvalidArgumentError, r"fit\(\) got budget_bytes=1000000.*jaxremat\.apply's "
+         r"budget; fit's is memory_budget, its fourth argument"),
     Case("plan-not-a-plan", lambda: apply_mlp(plan=(1, 2)),
          jaxremat.InvalidArgumentError, r"plan must be a jaxremat.Plan, got tuple"),
     Case("layer-depth-negative", lambda: apply_mlp(layer_depth=-1),

@@ -108,6 +108,21 @@ def check_given(entry: str, **arguments: Any) -> None:
         "positional arguments.")
 
 
+def check_other_entrys_option(model_kwargs: dict[str, Any], entry: str) -> None:
+  """Rejects a budget keyword of the other entry point (``apply``'s ``budget_bytes``,
+  ``fit``'s ``memory_budget``), which would go on to the model as one of its own."""
+  other = {"apply": ("memory_budget", "jaxremat.fit's budget (the fastest step within a "
+                     "share of the activations, memory_budget=0.5, or bytes); apply's is "
+                     "budget_bytes= (bytes)"),
+           "fit": ("budget_bytes", "jaxremat.apply's budget; fit's is memory_budget, its "
+                   "fourth argument (a share of the activations, 0.5, or bytes)")}
+  name, what = other[entry]
+  if name in model_kwargs:
+    raise InvalidArgumentError(
+        f"{entry}() got {name}={model_kwargs[name]!r}, which would be passed to the model as "
+        f"one of its keyword arguments: {name} is {what}.")
+
+
 def check_model_fn(model_fn: Callable[..., Any], nnx_entry: str = "apply_nnx(model, batch)",
                    entry: str = "apply(model.apply, params, batch)") -> None:
   """``model_fn`` is a function (``model.apply``), not a module; the messages name the
