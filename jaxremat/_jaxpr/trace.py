@@ -182,13 +182,14 @@ def _model_raised_note(params: Any, batch: Any, nnx: bool, hint: str = "") -> st
   shapes = tree_shapes(batch)
   if nnx:
     return (f"{RAISED_NOTE}model(batch), batch {shapes}: " + (hint or "batch is the "
-            "module's one positional input (a tuple is passed whole); labels for the loss go "
-            "in loss_fn=, closed over."))
+            "module's one positional input, batch axis first (a tuple is passed whole); labels "
+            "for the loss go in loss_fn=, closed over."))
   return (f"{RAISED_NOTE}model_fn(params, batch, **model_kwargs), params with top-level "
           f"keys {keys}, batch {shapes}. " + (hint or "model_fn is called as flax's "
           "model.apply is: params is the whole variables dict ({'params': ...}, with "
-          "'batch_stats' where the model has them), batch the model's one positional input "
-          "(a tuple is passed whole); labels for the loss go in loss_fn=, closed over."))
+          "'batch_stats' where the model has them), batch the model's one positional input, "
+          "batch axis first (a tuple is passed whole); labels for the loss go in loss_fn=, "
+          "closed over."))
 
 
 def trace(
