@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
-
-import jax
 
 from jaxremat._api.planner import Planner
 from jaxremat._jaxpr import compat as _compat
