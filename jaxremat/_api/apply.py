@@ -155,7 +155,7 @@ def apply(
   """
   checks.check_model_fn(model_fn)
   checks.check_given("apply(model_fn, params, batch)", batch=batch)
-  checks.check_other_entrys_option(model_kwargs, "apply")
+  checks.check_budget_keyword(model_kwargs, "apply")
   checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)

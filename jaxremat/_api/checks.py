@@ -108,7 +108,7 @@ def check_given(entry: str, **arguments: Any) -> None:
         "positional arguments.")
 
 
-def check_other_entrys_option(model_kwargs: dict[str, Any], entry: str) -> None:
+def check_budget_keyword(model_kwargs: dict[str, Any], entry: str) -> None:
   """Rejects a budget keyword of the other entry point (``apply``'s ``budget_bytes``,
   ``fit``'s ``memory_budget``), which would go on to the model as one of its own."""
   other = {"apply": ("memory_budget", "jaxremat.fit's budget (the fastest step within a "

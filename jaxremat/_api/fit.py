@@ -122,7 +122,7 @@ def fit(
   checks.check_given("fit(model_fn, params, batch, memory_budget)", batch=batch,
                      memory_budget=memory_budget)
   checks.check_loss_fn(loss_fn)
-  checks.check_other_entrys_option(model_kwargs, "fit")
+  checks.check_budget_keyword(model_kwargs, "fit")
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
   checks.check_options(None, layer_depth)

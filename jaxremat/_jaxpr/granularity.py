@@ -142,22 +142,23 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
   graph = not best.is_chain  # then splits are judged by their own layers (docstring)
   shared: set = set()  # values the blocks of the splits kept so far read beside their chain
 
-  def beside_split(key: Key) -> tuple[frozenset, Decomposition, list[Key], set] | None:
-    """``key`` split, with its heavy descendants down to two levels more, where its layers
-    then read only the layer before them, invariants and values made before ``key``
-    that two or more of them read (``shared_inputs``: a decoder's blocks, each reading
-    the encoder's output); None where no such split is found."""
-    keys = tree.expansion(key)
-    for _ in range(3):
-      trial, trial_modules, _, beside = evaluate(expanded | keys, key)
+  def beside_split(key: Key, keys: frozenset, trial: Decomposition, trial_modules: list[Key],
+                   beside: set) -> tuple[frozenset, Decomposition, list[Key], set] | None:
+    """``key`` split (``keys``, evaluated as ``trial``), with its heavy descendants down to
+    two levels more, where its layers then read only the layer before them, invariants
+    and values made before ``key`` that two or more of them read (``shared_inputs``: a
+    decoder's blocks, each reading the encoder's output); None where no such split is
+    found."""
+    for level in range(3):
       known = invariant | {v for e in trial.prelude for v in e.outvars} | shared | beside
       if beside and first_skip(trial.groups, known) is None:
         return keys, trial, trial_modules, beside
       heavy = [k for k in trial_modules if k[:len(key)] == key and k not in keys
                and tree.divisible(k) and tree.weight(k) >= DESCEND_SHARE * total]
-      if not heavy:
+      if not heavy or level == 2:
         return None
       keys = keys.union(*(tree.expansion(k) for k in heavy))
+      trial, trial_modules, _, beside = evaluate(expanded | keys, key)
     return None
 
   kept: list[Key] = []
@@ -169,9 +170,10 @@ def decompose(eqns: Sequence[Any], invariant: set, batch_vars: Sequence[Any],
       break
     key = max(candidates, key=tree.weight)
     keys = tree.expansion(key)
-    trial, trial_modules, own_chain, _ = evaluate(expanded | keys, key)
+    trial, trial_modules, own_chain, beside = evaluate(expanded | keys, key)
     accepted = trial.is_chain or (graph and own_chain)
-    if not accepted and (found := beside_split(key)) is not None:
+    if not accepted and (found := beside_split(key, keys, trial, trial_modules,
+                                                 beside)) is not None:
       keys, trial, trial_modules, beside = found
       shared |= beside
       accepted = graph = True  # a graph now: later splits are judged by their own layers
