@@ -76,16 +76,20 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
   paths = {name: layers.path(op) for name, (op, _) in ops.items()}
   backward = {name for name, (op, _) in ops.items() if "transpose(" in op}
 
-  def computed_from(*arguments: str) -> set[str]:
-    """The step's arguments named so (``batch``, ``params``, ...) and what reads them."""
-    found = {name for name in leaf if ops[name][0].startswith(arguments)}
+  def computed_from(found: set[str]) -> set[str]:
+    """``found`` and what reads them."""
     for name in schedule:
       if producers[name] & found:
         found.add(name)
     return found
 
-  data = computed_from("batch")
-  weights = computed_from("params", "arrays")  # the parameters and array kwargs
+  def arguments(*named: str) -> set[str]:
+    """The step's arguments named so (``batch``, ``params``, ...)."""
+    return {name for name in leaf if ops[name][0].startswith(named)}
+
+  data = computed_from(arguments("batch"))
+  weights = computed_from(arguments("params", "arrays"))  # the parameters and array kwargs
+  looped = computed_from(set(dump.loop_params))  # inside a loop the schedule runs inline
   forward = {name for name in data - backward - leaf if ops.get(name, ("",))[0]}
   turn = _turn(schedule, producers, backward, data, forward, len(traced.layers))
   layer_of: dict[str, int] = {}
@@ -113,6 +117,10 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
       current = max(below) if below else min(fits)
     backward_layer.append(current)
   step = {name: i for i, name in enumerate(schedule)}
+  fed_start: dict[int, int] = {}  # per layer, its first forward step on the batch's values
+  for t, name in enumerate(schedule[:turn]):
+    if name in data and name not in leaf:
+      fed_start.setdefault(forward_layer[t], t)
   temp = [v for v in dump.values.values()
           if v.allocation == "temp" and v.first >= 0 and not v.is_tuple]
   outputs: dict[int, list] = collections.defaultdict(list)
@@ -132,9 +140,12 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
   for v in temp:
     reads = sorted(step[u] for u in v.uses if step.get(u, turn) < turn)  # in the forward
     unfed = v.instr not in data and v.first < turn  # made in the forward, not from the batch
-    by_layer = paths.get(v.instr) is not None
+    # a loop's values (dropout's random bits on CPU) are made again with their layer
+    by_layer = paths.get(v.instr) is not None or v.instr in looped
     last = v.last - 1 if (v.index, v.last, v.offset) in starts and v.last > v.first else v.last
     first_read = min((step[u] for u in v.uses if u in step), default=None)
+    if first_read is not None and unfed:  # made early (all blocks' random bits at once):
+      first_read = max(first_read, fed_start.get(forward_layer[v.first], 0))  # its layer's
     # a weight's cast (XLA names a fusion by its ops) that one layer reads: that layer's
     if reads and unfed and not by_layer and v.instr in weights and "convert" in v.instr:
       reader = forward_layer[reads[0]]

@@ -15,8 +15,9 @@ whose fields are read here:
 * ``*after_optimizations-live-range.txt``: ``InstructionSequence`` (XLA's schedule of the
   entry computation) and ``BufferLiveRange`` (``NAME{index}:first-last`` in schedule steps).
 
-XLA's CPU and GPU backends write them alike. Loops and called computations are not looked
-into (their values have no entry live range).
+XLA's CPU and GPU backends write them alike. Where the schedule runs a loop's body inline
+(XLA:CPU's threefry loops), the body's values have live ranges too; its parameter is then a
+leaf outside the step's parameter allocations (``Dump.loop_params``).
 """
 
 from __future__ import annotations
@@ -70,12 +71,15 @@ class Dump:
     ops: instruction name -> (op name, whether it is a leaf: parameter, constant, iota).
     schedule: the entry computation's instructions in XLA's order.
     temp_bytes: the temp allocation's size.
+    loop_params: the parameters of called computations (a loop's body or condition):
+      what they hold comes from the loop's operands, not from the step's arguments.
   """
 
   values: dict[int, DumpValue]
   ops: dict[str, tuple[str, bool]]
   schedule: list[str]
   temp_bytes: int
+  loop_params: frozenset[str] = frozenset()
 
 
 def read_dump(directory: str, temp_bytes: int | None = None) -> Dump:
@@ -85,8 +89,11 @@ def read_dump(directory: str, temp_bytes: int | None = None) -> Dump:
   dumps = []
   for path in paths:
     stem = path[: -len("buffer-assignment.txt")]
-    values, ops, temp = _read_values(path, stem + "buffer-assignment-values.txt")
-    dumps.append(Dump(values, ops, _read_schedule(stem + "live-range.txt", values), temp))
+    values, ops, temp, params = _read_values(path, stem + "buffer-assignment-values.txt")
+    loop_params = frozenset(v.instr for v in values.values()
+                            if v.instr in params and v.allocation != "parameter")
+    dumps.append(Dump(values, ops, _read_schedule(stem + "live-range.txt", values), temp,
+                      loop_params))
   if temp_bytes is not None:
     dumps = [d for d in dumps if d.temp_bytes == temp_bytes] or dumps
   if not dumps:
@@ -95,9 +102,10 @@ def read_dump(directory: str, temp_bytes: int | None = None) -> Dump:
 
 
 def _read_values(assignment: str, values_path: str
-                 ) -> tuple[dict[int, DumpValue], dict[str, tuple[str, bool]], int]:
+                 ) -> tuple[dict[int, DumpValue], dict[str, tuple[str, bool]], int, set[str]]:
   """Values by id (allocation kind, bytes, defining instruction, uses); instruction name ->
-  (op name, whether it is a leaf: parameter, constant, iota); the temp bytes."""
+  (op name, whether it is a leaf: parameter, constant, iota); the temp bytes; the
+  parameter instructions."""
   values: dict[int, DumpValue] = {}
   kind, temp, index, size = "other", 0, 0, 0
   with open(assignment) as f:
@@ -114,6 +122,7 @@ def _read_values(assignment: str, values_path: str
             name, int(value.group(3)), kind, index, size, int(value.group(4)),
             value.group(5) == "(")
   ops: dict[str, tuple[str, bool]] = {}
+  params: set[str] = set()
   current: DumpValue | None = None
   uses: list[str] = []
   with open(values_path) as f:
@@ -126,9 +135,11 @@ def _read_values(assignment: str, values_path: str
         op = _OP_NAME.search(source.group(2))
         ops[source.group(1)] = (op.group(1) if op else "",
                                 any(leaf in source.group(2) for leaf in _LEAF_OPS))
+        if "parameter(" in source.group(2):
+          params.add(source.group(1))
         if current is not None:
           current.instr, current.uses = source.group(1), tuple(uses)
-  return values, ops, temp
+  return values, ops, temp, params
 
 
 def _read_schedule(live_range: str, values: dict[int, DumpValue]) -> list[str]:
