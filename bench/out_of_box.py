@@ -4,7 +4,8 @@
         [--out bench/results/out-of-box-cpu/out-of-box.json]
 
 For each model of tests/realworld_models.py (a ViT whose blocks sit in an ``Encoder``, an
-lm1b-like LM whose blocks sit in a ``Decoder`` and read a mask built at the root, a ResNet
+lm1b-like LM whose blocks sit in a ``Decoder`` and read a mask built at the root, a
+wmt-like encoder-decoder whose decoder blocks read the encoder's output, a ResNet
 in stages, an ``nn.scan`` stack in a child, an nnx MiniGPT in an ``nnx.Sequential`` or an
 ``nnx.List``): the layers default ``apply`` finds (count and its decomposition sentence),
 XLA's footprint of the gradient step under default ``apply``, under ``layer_depth=1``

@@ -22,7 +22,7 @@ With ``--target``, every compile is XLA's GPU compiler's for that GPU, deviceles
 ``--set zoo`` runs the CPU zoo of ``bench/memory.py`` (``zoo_registry.tagged("cpu")``,
 with their ``apply`` kwargs) through the same comparison, ``--set realworld`` the linen
 models of ``bench/out_of_box.py`` (``tests/realworld_models.py`` at size ``bench``: the
-ViT and lm1b with dropout, the ResNet with BatchNorm). The table gives ``apply``'s wall time
+ViT, lm1b and a wmt-like encoder-decoder with dropout, the ResNet with BatchNorm). The table gives ``apply``'s wall time
 (its confirming compiles included). Writes JSON and a markdown table next to it.
 """
 
@@ -164,7 +164,7 @@ def model_set(name: str) -> dict[str, Callable[[], Case]]:
     model, variables = rm.init(case)
     return model.apply, variables, case.batch, dict(case.kwargs)
 
-  return {f"{f}-bench": functools.partial(realworld, f) for f in ("vit", "lm1b", "resnet")}
+  return {f"{f}-bench": functools.partial(realworld, f) for f in ("vit", "lm1b", "wmt", "resnet")}
 
 
 SETS = ("unseen", "zoo", "realworld")

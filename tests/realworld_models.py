@@ -3,7 +3,8 @@
 Each family nests its repeated blocks one level below the root module, as the public code
 it imitates does: a ViT whose blocks sit in an ``Encoder`` (google-research/
 vision_transformer), a decoder-only LM whose blocks sit in a ``Decoder`` and read an
-attention mask built from the tokens at the root (flax examples/lm1b), a ResNet whose
+attention mask built from the tokens at the root (flax examples/lm1b), an encoder-decoder
+whose decoder blocks read the encoder's output (flax examples/wmt), a ResNet whose
 blocks sit in stage modules, a U-Net whose blocks sit in an encoder and a decoder (its
 skips make it a graph), a linen LM whose blocks are an ``nn.scan`` inside a child,
 and an nnx MiniGPT whose blocks sit in an ``nnx.Sequential`` or in a child holding an
@@ -218,6 +219,90 @@ class TransformerLM(nn.Module):
     return Decoder(self.vocab_size, self.emb_dim, self.num_layers, self.num_heads,
                    self.mlp_dim, self.max_len, deterministic=self.deterministic,
                    remat=self.remat, name="decoder")(inputs, decoder_mask)
+
+
+# ------------------------------------------------------------------ linen: wmt-like seq2seq
+
+
+class CrossBlock(nn.Module):
+  """Pre-LN decoder block of an encoder-decoder: causal self-attention, attention to the
+  encoder's output, MLP; each added to its input."""
+
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, targets: jax.Array, encoded: jax.Array, decoder_mask: jax.Array
+               ) -> jax.Array:
+    attention = functools.partial(
+        nn.MultiHeadDotProductAttention, num_heads=self.num_heads, broadcast_dropout=False,
+        dropout_rate=self.dropout_rate, deterministic=self.deterministic)
+    drop = functools.partial(nn.Dropout(self.dropout_rate), deterministic=self.deterministic)
+    x = nn.LayerNorm()(targets)
+    x = drop(attention(name="self_attn")(x, mask=decoder_mask)) + targets
+    y = drop(attention(name="cross_attn")(nn.LayerNorm()(x), encoded)) + x
+    return y + LmMlpBlock(self.mlp_dim, self.dropout_rate, self.deterministic)(nn.LayerNorm()(y))
+
+
+class Seq2Seq(nn.Module):
+  """An encoder and a decoder as Flax's examples/wmt nests them: a shared embedding, blocks
+  in an ``encoder`` and a ``decoder`` (every decoder block reads the encoder's output:
+  the layers make a graph), logits through the embedding."""
+
+  vocab_size: int
+  emb_dim: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  max_len: int
+  deterministic: bool = False
+  remat: bool = False
+
+  def setup(self) -> None:
+    self.embed = nn.Embed(self.vocab_size, self.emb_dim)
+    self.encoder = Seq2SeqStack(self.embed, self.num_layers, self.num_heads, self.mlp_dim,
+                                self.max_len, self.deterministic, self.remat, decoder=False)
+    self.decoder = Seq2SeqStack(self.embed, self.num_layers, self.num_heads, self.mlp_dim,
+                                self.max_len, self.deterministic, self.remat, decoder=True)
+
+  def __call__(self, inputs: jax.Array, targets: jax.Array) -> jax.Array:
+    encoded = self.encoder(inputs)
+    return self.decoder(shift_right(targets), encoded)
+
+
+class Seq2SeqStack(nn.Module):
+  """Embedding, fixed positions, dropout, ``num_layers`` blocks, LayerNorm; the decoder's
+  blocks attend to ``encoded`` and it ends in the embedding's logits."""
+
+  embed: nn.Embed
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  max_len: int
+  deterministic: bool
+  remat: bool
+  decoder: bool
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, encoded: jax.Array | None = None) -> jax.Array:
+    x = self.embed(tokens.astype(jnp.int32))
+    x = x + sinusoidal_table(self.max_len, x.shape[-1])[:, : tokens.shape[1]]
+    x = nn.Dropout(0.1)(x, deterministic=self.deterministic)
+    if self.decoder:
+      mask = nn.combine_masks(nn.make_attention_mask(tokens > 0, tokens > 0),
+                              nn.make_causal_mask(tokens))
+      block = nn.remat(CrossBlock) if self.remat else CrossBlock
+      for lyr in range(self.num_layers):
+        x = block(self.num_heads, self.mlp_dim, 0.1, self.deterministic,
+                  name=f"blocks_{lyr}")(x, encoded, mask)
+    else:
+      block = nn.remat(Encoder1DBlock, static_argnums=(2,)) if self.remat else Encoder1DBlock
+      for lyr in range(self.num_layers):
+        x = block(self.mlp_dim, self.num_heads, 0.1, name=f"blocks_{lyr}")(x, self.deterministic)
+    x = nn.LayerNorm(name="norm")(x)
+    return self.embed.attend(x) / jnp.sqrt(x.shape[-1]) if self.decoder else x
 
 
 # ------------------------------------------------------------------ linen: ResNet in stages
@@ -516,7 +601,7 @@ SIZES: dict[str, dict[str, Any]] = {
               "seq": 64, "image": 32, "vocab": 512, "lm_dropout": True},
 }
 
-NAMES = ("vit", "lm1b", "resnet", "unet", "scan-lm", "minigpt-sequential", "minigpt-list")
+NAMES = ("vit", "lm1b", "wmt", "resnet", "unet", "scan-lm", "minigpt-sequential", "minigpt-list")
 
 
 def build(name: str, size: str = "test") -> Case:
@@ -537,6 +622,12 @@ def build(name: str, size: str = "test") -> Case:
         vocab, d, depth, 4, 4 * d, seq, deterministic=not lm_dropout, remat=remat),
         tokens, dropout if lm_dropout else {},
         tuple(f"decoder/encoderdecoderblock_{i}" for i in range(depth)))
+  if name == "wmt":
+    targets = jax.random.randint(jax.random.key(2), (b, seq), 0, vocab).at[:, -3:].set(0)
+    return Case(name, lambda remat: Seq2Seq(
+        vocab, d, depth, 4, 4 * d, seq, deterministic=not s["lm_dropout"], remat=remat),
+        tokens, {"targets": targets, **(dropout if s["lm_dropout"] else {})},
+        tuple(f"decoder/blocks_{i}" for i in range(depth)))
   if name == "resnet":
     image = jax.random.normal(key, (b, 2 * s["image"], 2 * s["image"], 3))
     stages = s["stages"]
