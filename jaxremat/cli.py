@@ -20,6 +20,7 @@ from jaxremat import _bench
 from jaxremat._cli_model import model_inputs
 from jaxremat._demo import DEMO_MODELS, format_demo, run_demo
 from jaxremat._jaxpr.trace import asks_for_integers, flax_missing
+from jaxremat.solvers import SOLVERS
 
 
 def _budget_bytes(text: str) -> int:
@@ -289,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   model_args.add_argument("--json", action="store_true", help="print the plan as JSON")
   plan = sub.add_parser("plan", parents=[model_args],
                         help="profile a Flax model by import path and print its plan")
-  plan.add_argument("--method", default="optimal")
+  plan.add_argument("--method", default="optimal", choices=sorted(SOLVERS),
+                    help="the solver (default: optimal, model R's optimum refined against "
+                    "XLA's footprint); with --budget, the budget solver is used")
   plan.add_argument("--budget", type=_budget_bytes, default=None,
                     help="whole-step budget in bytes (e.g. 2e9)")
   plan.add_argument("--layer-depth", type=_layer_depth, default=None,

@@ -285,3 +285,11 @@ def test_plan_says_a_token_model_takes_integer_inputs(capsys):
   assert "It takes integer inputs (token ids, as nn.Embed does): --dtype int32." in (
       capsys.readouterr().err)
   assert cli.main([*args, "--dtype", "int32"]) == 0
+
+
+def test_python_dash_m_runs_the_command():
+  import subprocess  # noqa: PLC0415
+  done = subprocess.run([sys.executable, "-m", "jaxremat", "plan", "--help"],
+                        capture_output=True, text=True, check=False)
+  assert done.returncode == 0, done.stderr
+  assert "--method {" in done.stdout and "the solver" in done.stdout

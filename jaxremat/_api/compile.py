@@ -54,8 +54,11 @@ def warn_if_barriers_dropped(traced_inputs: list[Any]) -> None:
   if tracing and not barriers_kept():
     warnings.warn(RematUndoneWarning(
         "jaxremat: this rematerialised function is traced for a CPU compile that is not "
-        "known to keep jax.checkpoint's barriers; plain jax.jit on CPU removes them and "
-        "remat then does nothing. Compile the training step with jaxremat.jit (jax.jit "
-        "with compiler_options={'xla_disable_hlo_passes': 'cse_barrier_expander'}), or "
-        "start the process with XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander "
-        "(the way under nnx.jit)."), stacklevel=3)
+        "known to keep jax.checkpoint's barriers; plain jax.jit on CPU removes them, and "
+        "XLA may then merge the recomputation back into the forward pass (remat undone, "
+        "wholly or in part). Compile the training step with jaxremat.jit, or start the "
+        "process with XLA_FLAGS=--xla_disable_hlo_passes=cse_barrier_expander (the way "
+        "under nnx.jit). A jax.jit given compiler_options={'xla_disable_hlo_passes': "
+        "'cse_barrier_expander'} keeps them too, which this warning cannot see: there, "
+        "silence it with warnings.filterwarnings('ignore', "
+        "category=jaxremat.RematUndoneWarning)."), stacklevel=3)

@@ -76,8 +76,10 @@ def apply_nnx(
   a mode switch such as ``model.eval()``, ``fn`` raises ``InputMismatchError`` where the
   switch changes the layers (a Dropout that is a layer of its own), and runs the model in
   the new mode under the plan where it does not (Dropout inside a block). On CPU compile
-  the step with ``compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"}``
-  (``jax.jit``) or XLA undoes the remat.
+  the step with ``jaxremat.jit`` (or set ``XLA_FLAGS`` as README says) or XLA undoes the
+  remat; a ``jax.jit`` given ``compiler_options={"xla_disable_hlo_passes":
+  "cse_barrier_expander"}`` keeps it too, though ``fn``'s ``RematUndoneWarning`` cannot
+  see that option.
 
   Args:
     model: the ``nnx.Module`` to train; it must be a chain of layers at the chosen

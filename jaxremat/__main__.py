@@ -1,0 +1,7 @@
+"""``python -m jaxremat``: the ``jaxremat`` command."""
+
+import sys
+
+from jaxremat.cli import main
+
+sys.exit(main())
