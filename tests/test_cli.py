@@ -1,6 +1,7 @@
 """The command line: ``jaxremat plan``, ``jaxremat demo`` and ``jaxremat bench``."""
 
 import json
+import subprocess
 import sys
 
 import jax
@@ -288,7 +289,6 @@ def test_plan_says_a_token_model_takes_integer_inputs(capsys):
 
 
 def test_python_dash_m_runs_the_command():
-  import subprocess  # noqa: PLC0415
   done = subprocess.run([sys.executable, "-m", "jaxremat", "plan", "--help"],
                         capture_output=True, text=True, check=False)
   assert done.returncode == 0, done.stderr
