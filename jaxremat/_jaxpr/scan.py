@@ -167,7 +167,8 @@ def flat(eqn: _compat.JaxprEqn) -> list[_compat.JaxprEqn] | None:
   if carry != list(range(nc, nc + ncarry)) or any(i < nc + ncarry for i in xs):
     return None
   made_consts = [v for v in scan.invars[:mc] if v not in outer]  # computed in the body
-  needed, kept = set(made_consts), list[_compat.JaxprEqn]()
+  needed = set(made_consts)
+  kept: list[_compat.JaxprEqn] = []
   for e in reversed(inner.eqns[:scans[0]]):
     if needed & set(e.outvars):
       kept.insert(0, e)
