@@ -10,6 +10,7 @@ from jaxremat._model.policy_plan import Group as Group
 from jaxremat._model.policy_plan import Option as Option
 from jaxremat._model.policy_plan import PolicyPlan as PolicyPlan
 from jaxremat._api.compile import RematUndoneWarning as RematUndoneWarning
+from jaxremat._api.dropin import PlanReusedWarning as PlanReusedWarning
 from jaxremat._api.compile import jit as jit
 from jaxremat._api.result import Remat as Remat
 from jaxremat._model.chain import Chain as Chain
@@ -70,6 +71,7 @@ __all__ = (
     "NotAChainError",
     "Option",
     "Plan",
+    "PlanReusedWarning",
     "PolicyPlan",
     "Remat",
     "RematUndoneWarning",

@@ -513,6 +513,35 @@ def test_drop_in_raises_the_models_own_error_for_other_keyword_arguments():
   assert "made with rngs={'dropout': key<fry>[]}, train=True, this call has train=True." in note
 
 
+class _DropoutBlocks(nn.Module):
+  """Two blocks with dropout inside each: the same layers in training and evaluation."""
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    for _ in range(2):
+      x = DropoutMLP()(x, train)
+    return x
+
+
+def test_drop_in_warns_when_its_plan_runs_for_other_keyword_arguments():
+  """A user's trial planned in evaluation mode (the model's default) and trained through
+  the drop-in with dropout: the same layers, so the plan runs, but its figures were an
+  evaluation's (14.99 MiB reported, 17.02 for the training step)."""
+  model = _DropoutBlocks()
+  params = model.init(jax.random.key(0), X, train=False)
+  with warnings.catch_warnings():  # the blocks are too small to save much: not the point
+    warnings.simplefilter("ignore", jaxremat.CoarseLayersWarning)
+    r = jaxremat.apply(model.apply, params, X, train=False, layer_depth=1, verify=False)
+  rngs = {"dropout": jax.random.key(1)}
+  with pytest.warns(jaxremat.PlanReusedWarning, match=(
+      r"called with rngs=\{'dropout': key<fry>\[\]\}, train=True, but the plan was made "
+      "with train=False")):
+    got = jax.grad(lambda p: r.fn(p, X, train=True, rngs=rngs).sum())(params)
+  want = jax.grad(lambda p: model.apply(p, X, train=True, rngs=rngs).sum())(params)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
 def test_drop_in_keeps_the_notes_of_the_models_own_error():
   """The drop-in's note for other keyword arguments replaces apply's note on how it calls
   the model, and no other note the error carries."""

@@ -155,7 +155,10 @@ def check_arrays(what: str, tree: Any) -> None:
         f"{what}{traced[0]} is a tracer: jaxremat.apply traces the model itself and cannot "
         "run inside jax.jit, grad or vmap. Call it once outside, with arrays or with "
         "jax.ShapeDtypeStructs (e.g. jax.eval_shape(model.init, key, x)), and use r.fn "
-        "inside the jitted step.")
+        "inside the jitted step. Called outside already? Then the tree holds a tracer "
+        "leaked from a transformation, e.g. a jax.checkpoint or jax.jit around a Flax "
+        "submodule's call during model.init (model.apply itself then raises "
+        "UnexpectedTracerError): use nn.remat / nn.jit inside Flax modules.")
   bad = [(jax.tree_util.keystr(p), type(x).__name__) for p, x in leaves
          if not is_array_leaf(x)]
   if bad:

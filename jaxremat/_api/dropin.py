@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,10 @@ def _batch_text(now: tuple[Any, tuple], planned: tuple[Any, tuple]) -> str:
   return "a batch whose " + "; ".join(
       f"{path} is {a[1]} {a[0]}, where the plan has {b[1]} {b[0]}"
       for path, a, b in zip(paths, now[1], planned[1]) if a != b)
+
+
+class PlanReusedWarning(UserWarning):
+  """A drop-in runs its plan for other keyword arguments than it was planned with."""
 
 
 class _Array:
@@ -170,6 +175,15 @@ class DropIn:
             "made this drop-in: apply, fit, apply_nnx or fit_nnx), or, to "
             "evaluate without gradients (train=False), call the model itself: r.fn is for "
             "the training step." + kwargs_differ)
+      was, now = _kwargs_text(self._kwargs_key), _kwargs_text(key[2:])
+      if was != now:
+        warnings.warn(PlanReusedWarning(
+            f"jaxremat: the drop-in is called with {now}, but the plan was made with {was}. "
+            "The model has the same layers, so the plan runs (same outputs and gradients), "
+            "but it was chosen, and its figures (report(), measured_total_bytes) measured, "
+            "for the call it was made for: a training step with dropout keeps more than an "
+            "evaluation. Plan with the training step's keyword arguments (train=, rngs=, "
+            "mutable=)."), stacklevel=2)
       self._cache[key] = (traced, emit(traced, self._plan))
     traced, run = self._cache[key]
     arrays, _, _ = split_kwargs(kwargs)
