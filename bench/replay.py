@@ -20,6 +20,7 @@ import sys
 import time
 
 import jaxremat
+from jaxremat._api.graph_planner import graph_kept
 from jaxremat._api.loss import training_loss_with_arrays
 from jaxremat._backends.plain_step import compile_replay
 from jaxremat._backends.replay import Replay, chain_kept
@@ -39,8 +40,8 @@ def plain_replay(fn, params, x, kwargs, target: str | None = None
   r = jaxremat.apply(fn, params, x, verify=False, target=target, profile="jaxpr", **kwargs)
   traced = trace(fn, params, x, kwargs, None)
   loss, arrays = training_loss_with_arrays(fn, kwargs)
-  return compile_replay(traced, loss, params, x, chain_kept(r.chain.act_bytes), get_target(target),
-                        arrays), r
+  kept = graph_kept(r.chain) if r.is_graph else chain_kept(r.chain.act_bytes)
+  return compile_replay(traced, loss, params, x, kept, get_target(target), arrays), r
 
 
 def main() -> int:

@@ -117,10 +117,17 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
       current = max(below) if below else min(fits)
     backward_layer.append(current)
   step = {name: i for i, name in enumerate(schedule)}
-  fed_start: dict[int, int] = {}  # per layer, its first forward step on the batch's values
-  for t, name in enumerate(schedule[:turn]):
-    if name in data and name not in leaf:
-      fed_start.setdefault(forward_layer[t], t)
+  users: dict[str, set[str]] = collections.defaultdict(set)
+  for v in dump.values.values():
+    users[v.instr].update(v.uses)
+  meets_data: dict[str, int] = {}  # the first step where it, or what is made of it from
+  for t in range(len(schedule) - 1, -1, -1):  # no batch value, reads the batch's values
+    name = schedule[t]
+    later = [meets_data[u] for u in users[name] if u in meets_data]
+    if name in data:
+      later.append(t)
+    if later:
+      meets_data[name] = min(later)
   temp = [v for v in dump.values.values()
           if v.allocation == "temp" and v.first >= 0 and not v.is_tuple]
   outputs: dict[int, list] = collections.defaultdict(list)
@@ -145,7 +152,7 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
     last = v.last - 1 if (v.index, v.last, v.offset) in starts and v.last > v.first else v.last
     first_read = min((step[u] for u in v.uses if u in step), default=None)
     if first_read is not None and unfed:  # made early (all blocks' random bits at once):
-      first_read = max(first_read, fed_start.get(forward_layer[v.first], 0))  # its layer's
+      first_read = max(first_read, meets_data.get(v.instr, first_read))  # where they select
     # a weight's cast (XLA names a fusion by its ops) that one layer reads: that layer's
     if reads and unfed and not by_layer and v.instr in weights and "convert" in v.instr:
       reader = forward_layer[reads[0]]
