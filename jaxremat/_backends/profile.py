@@ -15,7 +15,7 @@ from jaxremat._backends.registry import backend_for
 from jaxremat._backends.targets import Target, compile_on_target
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.layer_vjp import flops, forward_and_backward
-from jaxremat._jaxpr.residuals import LayerResiduals, elementwise, residuals
+from jaxremat._jaxpr.residuals import LayerResiduals, elementwise, residuals, without_checkpoints
 from jaxremat._jaxpr.signature import layer_signature
 from jaxremat._jaxpr.trace import Layer, TracedChain
 from jaxremat._model.chain import Chain
@@ -118,6 +118,8 @@ def profile(traced: TracedChain, calibrate: bool | Collection[int] = False,
   added = rules.chain_buffers(extras, cot)
   start = added.start
   work = list(added.workspace) or [0] * n
+  for i, layer in enumerate(layers):  # the user's own checkpoints: recomputed in backward
+    work[i] += _recomputed_bytes(rules, layer, inputs[i], grad_invariants, i > 0, saved[i])
   buffers = Buffers(
       residuals=tuple(r.computed for r in saved),
       inputs=tuple(tuple(_compat.aval_bytes(v.aval) for v in s) for s in saved_inputs),
@@ -166,6 +168,20 @@ def _profile_layers(rules: Backend, layers: Sequence[Layer], inputs: Sequence[tu
     extras, saved, layer_flops, like, like_inputs = entry
     out.append((extras, _renamed(saved, like, like_inputs, layer, inputs[i]), layer_flops))
   return out
+
+
+def _recomputed_bytes(rules: Backend, layer: Layer, inputs: tuple, grad_invariants: set,
+                      differentiate_inputs: bool, saved: LayerResiduals) -> int:
+  """Bytes a layer holding the user's own ``jax.checkpoint`` (an ``nn.remat`` block) holds
+  in its backward beyond its residuals: what the checkpointed body's VJP keeps, made again
+  there (the layer's residuals without its checkpoints, less its residuals)."""
+  whole = without_checkpoints(layer)
+  if whole is None:
+    return 0
+  extras = rules.layer_extras(whole, inputs, grad_invariants, differentiate_inputs)
+  kept = residuals(whole, inputs, grad_invariants, differentiate_inputs,
+                   keep=rules.keep_rule(extras)).plus(rules.extra_residuals(extras))
+  return max(0, kept.total - saved.total)
 
 
 def _renamed(saved: LayerResiduals, like: Layer, like_inputs: tuple, layer: Layer,

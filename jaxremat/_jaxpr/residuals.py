@@ -102,3 +102,31 @@ def elementwise(layer: Layer) -> bool:
   names = [eqn.primitive.name for eqn in _compat.all_eqns(layer.eqns)
            if eqn.primitive.name not in _compat.WRAPPER_PRIMITIVES]
   return bool(names) and all(name in _compat.ELEMENTWISE_PRIMITIVES for name in names)
+
+
+def without_checkpoints(layer: Layer) -> Layer | None:
+  """``layer`` with the user's own ``jax.checkpoint`` calls inlined (an ``nn.remat``
+  block, a checkpointed MLP inside a block); None when it has none. Its residuals are
+  what the layer's backward holds while it recomputes a checkpointed body."""
+  found = False
+
+  def inlined(eqns) -> list:
+    nonlocal found
+    out = []
+    for e in eqns:
+      inner = e.params.get("jaxpr") if e.primitive.name in _compat.REMAT_PRIMITIVES else None
+      inner = getattr(inner, "jaxpr", inner)
+      if inner is None or inner.constvars or any(
+          isinstance(v, _compat.Literal) or v in inner.invars for v in inner.outvars):
+        out.append(e)
+        continue
+      found = True
+      rename = {**dict(zip(inner.invars, e.invars)), **dict(zip(inner.outvars, e.outvars))}
+      out += [i.replace(invars=[v if isinstance(v, _compat.Literal) else rename.get(v, v)
+                                for v in i.invars],
+                        outvars=[rename.get(v, v) for v in i.outvars])
+              for i in inlined(inner.eqns)]
+    return out
+
+  eqns = inlined(layer.eqns)
+  return dataclasses.replace(layer, eqns=tuple(eqns)) if found else None
