@@ -245,7 +245,9 @@ def _model_command(args: argparse.Namespace) -> int:
     if not hint:  # the model's traceback follows, for its own bugs
       print(f"jaxremat {args.command}: the model raised {type(err).__name__} ({first}) on "
             f"a random batch of shape ({','.join(map(str, shape))}) and dtype {args.dtype}: "
-            "is --batch-shape the batch's, batch axis first, and --dtype the inputs'?",
+            "is --batch-shape the batch's, batch axis first, and --dtype the inputs'? The "
+            "command feeds the model one array; a model taking a dict or tuple batch is "
+            "planned from Python (jaxremat.apply(model.apply, variables, batch)).",
             file=sys.stderr)
       raise
     print(f"jaxremat {args.command}: the model raised {type(err).__name__}: {first} {hint}",

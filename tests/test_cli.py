@@ -277,6 +277,7 @@ def test_a_model_failing_on_the_batch_shape_names_the_flags_to_check(capsys):
   err = capsys.readouterr().err
   assert "jaxremat plan: the model raised IndexError" in err
   assert "on a random batch of shape (16) and dtype int32: is --batch-shape" in err
+  assert "a model taking a dict or tuple batch is planned from Python" in err
 
 
 def test_plan_says_a_token_model_takes_integer_inputs(capsys):
