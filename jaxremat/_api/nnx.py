@@ -178,7 +178,9 @@ def _check_no_nnx_objects(batch: Any, kwargs: dict[str, Any]) -> None:
     raise InvalidArgumentError(
         f"the model's inputs hold nnx objects at {', '.join(bad[:5])}: their state updates "
         "(e.g. an nnx.Rngs count) would be lost. Give them to the model at construction "
-        "(nnx.Dropout(rate, rngs=rngs)) and pass only arrays (and static options) at call.")
+        "(nnx.Dropout(rate, rngs=rngs)) and pass only arrays (and static options) at call: "
+        "a Dropout taking rngs at call takes a key array (rngs=jax.random.key(0)), a new "
+        "key per step.")
 
 
 def _call_merged(params: Any, batch: Any, **kwargs: Any) -> tuple[Any, Any]:
