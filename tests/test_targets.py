@@ -19,6 +19,7 @@ from jaxremat._api.checks import default_profile
 from jaxremat._api.planning import fmt_bytes
 from jaxremat._backends import targets
 from jaxremat._errors import InvalidArgumentError, TargetUnavailableError
+from jaxremat._jaxpr.trace import trace
 from scan_models import ScannedMLP
 
 pytestmark = pytest.mark.xla  # compiles with XLA: the slow set
@@ -64,6 +65,20 @@ def test_the_compiled_profile_is_the_default_on_a_gpu_local_or_a_target():
   assert default_profile(targets.get_target("h100"), "cpu") == "compiled"
   assert default_profile(None, "gpu") == "compiled"
   assert default_profile(None, "cpu") == "jaxpr"
+
+
+def test_the_compiled_profile_is_the_default_for_dropout_on_cpu():
+  """XLA:CPU keeps a threefry key's random bits (8 bytes an element) where the estimate
+  keeps JAX's mask: on the realworld ViT and lm1b with threefry keys the estimate said
+  +5.2% / +4.3%, the compiled profile +0.3% / -0.3%, with the same plans."""
+  def traced(rate):
+    model = nn.Sequential([nn.Dense(8), nn.Dropout(rate, deterministic=rate == 0), nn.Dense(4)])
+    x = jnp.ones((4, 8))
+    params = model.init(jax.random.key(0), x)
+    return trace(model.apply, params, x, {"rngs": {"dropout": jax.random.key(1)}}, None)
+
+  assert default_profile(None, "cpu", traced(0.1)) == "compiled"
+  assert default_profile(None, "cpu", traced(0.0)) == "jaxpr"
 
 
 def test_user_config_as_text_and_as_file(tmp_path):

@@ -107,9 +107,10 @@ def apply(
       ``"compiled"``: the compiled profile: the training step without remat is compiled
       once (for ``target``) and each plan replays XLA's own schedule and buffers of it
       (docs/memory-model.md); not with a scanned stack or sharded inputs. Default
-      (None): ``"compiled"`` for a GPU (a ``target``, or the local device) and for a
-      graph of layers (whose jaxpr profile is model G alone), where the model allows
-      it; else ``"jaxpr"``.
+      (None): ``"compiled"`` for a GPU (a ``target``, or the local device), for a
+      graph of layers (whose jaxpr profile is model G alone) and for a model drawing
+      random bits (dropout: XLA:CPU keeps the bits as the key's kind makes them), where
+      the model allows it; else ``"jaxpr"``.
       ``Remat.profile`` says which predicted.
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
@@ -214,7 +215,7 @@ def apply(
     return plain_step().replay(layers, kept)  # the compiled profile
 
   replayed = (profile or checks.default_profile(resolved, jax.default_backend(),
-                                                traced.is_graph)) == "compiled"
+                                                traced)) == "compiled"
   with clock("profile"):
     planner = make_planner(traced, scans, params, batch, model_kwargs, calibrate,
                            resolved, compiled if replayed else None,

@@ -229,12 +229,16 @@ def check_search(plan: Any, method: str, budget: int | None, verify: bool | None
         f"take {given[0]}. Drop it, or pass an int layer_depth.")
 
 
-def default_profile(target: Any, backend: str, graph: bool = False) -> str:
+def default_profile(target: Any, backend: str, traced: TracedChain | None = None) -> str:
   """The profile used when none is given: the compiled one for a GPU, named as ``target``
   or local (``backend``, ``jax.default_backend()``), where the jaxpr rules were never
-  fitted, and for a ``graph`` of layers on any backend, where the jaxpr profile has only
-  model G; else the jaxpr estimate."""
-  return "compiled" if target is not None or backend == "gpu" or graph else "jaxpr"
+  fitted; for ``traced`` a graph of layers, on any backend, where the jaxpr profile has
+  only model G, or a model drawing random bits (dropout), whose bits XLA:CPU keeps as
+  its key's kind makes them (8 bytes an element for threefry) where the estimate keeps
+  JAX's mask; else the jaxpr estimate."""
+  return ("compiled" if target is not None or backend == "gpu" or traced is not None and (
+      traced.is_graph or any(_compat.draws_random_bits(layer.eqns) for layer in traced.layers))
+      else "jaxpr")
 
 
 def check_profile(profile: Any) -> None:

@@ -74,7 +74,7 @@ def plan_finer(model_fn: Callable[..., Any], params: Any, batch: Any,
     finer = trace(model_fn, params, batch, model_kwargs, depth)
     if len(finer.layers) <= len(traced.layers):
       return None
-    replayed = (profile or default_profile(target, jax.default_backend(), finer.is_graph)
+    replayed = (profile or default_profile(target, jax.default_backend(), finer)
                 ) == "compiled"
     planner = make_planner(finer, (), params, batch, model_kwargs, calibrate, target,
                            compiled if replayed else None, required=profile is not None)
