@@ -120,8 +120,8 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
   users: dict[str, set[str]] = collections.defaultdict(set)
   for v in dump.values.values():
     users[v.instr].update(v.uses)
-  meets_data: dict[str, int] = {}  # the first step where it, or what is made of it from
-  for t in range(len(schedule) - 1, -1, -1):  # no batch value, reads the batch's values
+  meets_data: dict[str, int] = {}  # per instruction, the first step on the batch's values
+  for t in range(len(schedule) - 1, -1, -1):  # it feeds (directly or through others)
     name = schedule[t]
     later = [meets_data[u] for u in users[name] if u in meets_data]
     if name in data:

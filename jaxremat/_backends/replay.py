@@ -210,9 +210,9 @@ class Replay:
 
     A layer's value the batch does not feed (dropout's random bits, made from the key)
     may be made early in the plain step, all blocks' at once; in a recomputed segment
-    XLA makes it when the layer first reads it (``first_read``: not before the layer's
-    first step on the batch), and the replay starts it there, in the forward and in
-    the recompute (not a value one layer makes for another: CPU VGGs
+    XLA makes it when the layer first reads it (``first_read``: not before it meets the
+    batch's values, where dropout selects), and the replay starts it there, in the
+    forward and in the recompute (not a value one layer makes for another: CPU VGGs
     keep a later layer's weight transposes from early on under remat too). So does a
     nameless cast of a weight that one layer alone reads (the bf16 cast XLA's CPU
     backend hoists to the start of the step): it belongs to its reader's layer, and

@@ -125,13 +125,12 @@ def rewrite(traced: TracedChain, segment: int | str | Sequence[int],
 
 def _flattened(traced: TracedChain) -> TracedChain:
   """``traced`` with each nested stack of Flax's ``nn.remat_scan`` as one scan (``flat``)."""
-  layers = []
-  for layer in traced.layers:
-    eqns: list[_compat.JaxprEqn] = []
-    for eqn in layer.eqns:
-      eqns.extend(flat(eqn) or [eqn])
-    layers.append(layer if len(eqns) == len(layer.eqns) and all(
-        a is b for a, b in zip(eqns, layer.eqns)) else dataclasses.replace(layer, eqns=tuple(eqns)))
+  layers = list(traced.layers)
+  for i, layer in enumerate(layers):
+    found = [flat(eqn) for eqn in layer.eqns]
+    if any(found):
+      eqns = [e for eqn, made in zip(layer.eqns, found) for e in (made or [eqn])]
+      layers[i] = dataclasses.replace(layer, eqns=tuple(eqns))
   return dataclasses.replace(traced, layers=tuple(layers))
 
 
@@ -141,7 +140,7 @@ def flat(eqn: _compat.JaxprEqn) -> list[_compat.JaxprEqn] | None:
   ``n2`` of the same carry, its stacked xs rows of ``eqn``'s (``nn.remat_scan`` of
   ``lengths=(n1, n2)``); else None. The inner scan's consts are ``eqn``'s or computed
   from them and literals (an attention's scale). The user's remat of each outer
-  iteration goes: jaxremat segments the stack of ``n1 * n2`` blocks itself. The xs are
+  iteration is dropped: jaxremat segments the stack of ``n1 * n2`` blocks itself. The xs are
   reshaped from ``[n1, n2, ...]`` to ``[n1 * n2, ...]`` before the scan."""
   if eqn.primitive.name != "scan" or eqn.params["reverse"]:
     return None
