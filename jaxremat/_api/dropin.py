@@ -163,9 +163,8 @@ class DropIn:
             f"{_kwargs_text(key[2:])}.")
         raise
       names = tuple(layer.name for layer in traced.layers)
+      was, now = _kwargs_text(self._kwargs_key), _kwargs_text(key[2:])
       if not _same_layers(names, self._names):
-        planned = self._kwargs_key
-        was, now = _kwargs_text(planned), _kwargs_text(key[2:])
         kwargs_differ = (f" The keyword arguments differ: the plan was made with {was}, "
                          f"this call has {now}; plan with those of the training step "
                          "(train=, rngs=, mutable=)." if was != now else "")
@@ -175,7 +174,6 @@ class DropIn:
             "made this drop-in: apply, fit, apply_nnx or fit_nnx), or, to "
             "evaluate without gradients (train=False), call the model itself: r.fn is for "
             "the training step." + kwargs_differ)
-      was, now = _kwargs_text(self._kwargs_key), _kwargs_text(key[2:])
       if was != now:
         warnings.warn(PlanReusedWarning(
             f"jaxremat: the drop-in is called with {now}, but the plan was made with {was}. "

@@ -69,7 +69,9 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
   layers = LayerNames(traced)
   ops, schedule = dump.ops, dump.schedule
   producers: dict[str, set[str]] = collections.defaultdict(set)
+  users: dict[str, set[str]] = collections.defaultdict(set)
   for v in dump.values.values():
+    users[v.instr].update(v.uses)
     for u in v.uses:
       producers[u].add(v.instr)
   leaf = {name for name, (_, is_leaf) in ops.items() if is_leaf}
@@ -117,9 +119,6 @@ def replay_of(dump: Dump, traced: TracedChain, kept: Sequence[tuple[int, int, in
       current = max(below) if below else min(fits)
     backward_layer.append(current)
   step = {name: i for i, name in enumerate(schedule)}
-  users: dict[str, set[str]] = collections.defaultdict(set)
-  for v in dump.values.values():
-    users[v.instr].update(v.uses)
   meets_data: dict[str, int] = {}  # per instruction, the first step on the batch's values
   for t in range(len(schedule) - 1, -1, -1):  # it feeds (directly or through others)
     name = schedule[t]

@@ -157,9 +157,7 @@ def _profile_layers(rules: Backend, layers: Sequence[Layer], inputs: Sequence[tu
   for i, layer in enumerate(layers):
     key = layer_signature(layer, inputs[i], grad_invariants, i > 0)
     if key is None or key not in found:
-      extras = rules.layer_extras(layer, inputs[i], grad_invariants, i > 0)
-      saved = residuals(layer, inputs[i], grad_invariants, i > 0,
-                        keep=rules.keep_rule(extras)).plus(rules.extra_residuals(extras))
+      extras, saved = _kept(rules, layer, inputs[i], grad_invariants, i > 0)
       entry = (extras, saved, flops(layer, inputs[i]), layer, inputs[i])
       if key is not None:
         found[key] = entry
@@ -178,10 +176,17 @@ def _recomputed_bytes(rules: Backend, layer: Layer, inputs: tuple, grad_invarian
   whole = without_checkpoints(layer)
   if whole is None:
     return 0
-  extras = rules.layer_extras(whole, inputs, grad_invariants, differentiate_inputs)
-  kept = residuals(whole, inputs, grad_invariants, differentiate_inputs,
-                   keep=rules.keep_rule(extras)).plus(rules.extra_residuals(extras))
+  _, kept = _kept(rules, whole, inputs, grad_invariants, differentiate_inputs)
   return max(0, kept.total - saved.total)
+
+
+def _kept(rules: Backend, layer: Layer, inputs: tuple, grad_invariants: set,
+          differentiate_inputs: bool) -> tuple[Any, LayerResiduals]:
+  """The backend's extras of ``layer`` and its residuals as the backend keeps them."""
+  extras = rules.layer_extras(layer, inputs, grad_invariants, differentiate_inputs)
+  saved = residuals(layer, inputs, grad_invariants, differentiate_inputs,
+                    keep=rules.keep_rule(extras)).plus(rules.extra_residuals(extras))
+  return extras, saved
 
 
 def _renamed(saved: LayerResiduals, like: Layer, like_inputs: tuple, layer: Layer,

@@ -200,6 +200,18 @@ def dataflow(eqns: Sequence[tuple[str, list, list, dict]]) -> tuple[dict, dict]:
   return producer, consumers
 
 
+def spliced(jaxpr: jex_core.Jaxpr, invars: Sequence[Any], outvars: Sequence[Any],
+            **changes: Any) -> list[JaxprEqn]:
+  """The equations of ``jaxpr`` with its inputs and outputs renamed to ``invars`` and
+  ``outvars``: its work in place of an equation calling it (``changes``, e.g.
+  ``source_info``, set on each)."""
+  rename: dict[Any, Any] = {**dict(zip(jaxpr.invars, invars)),
+                            **dict(zip(jaxpr.outvars, outvars))}
+  return [e.replace(invars=[v if isinstance(v, Literal) else rename.get(v, v) for v in e.invars],
+                    outvars=[rename.get(v, v) for v in e.outvars], **changes)
+          for e in jaxpr.eqns]
+
+
 def non_literals(atoms: Iterable) -> list:
   """The vars among ``atoms`` (literals left out)."""
   return [v for v in atoms if not isinstance(v, Literal)]

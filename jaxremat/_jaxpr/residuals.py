@@ -121,11 +121,7 @@ def without_checkpoints(layer: Layer) -> Layer | None:
         out.append(e)
         continue
       found = True
-      rename = {**dict(zip(inner.invars, e.invars)), **dict(zip(inner.outvars, e.outvars))}
-      out += [i.replace(invars=[v if isinstance(v, _compat.Literal) else rename.get(v, v)
-                                for v in i.invars],
-                        outvars=[rename.get(v, v) for v in i.outvars])
-              for i in inlined(inner.eqns)]
+      out += inlined(_compat.spliced(inner, e.invars, e.outvars))
     return out
 
   eqns = inlined(layer.eqns)

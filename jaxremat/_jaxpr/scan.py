@@ -192,12 +192,7 @@ def flat(eqn: _compat.JaxprEqn) -> list[_compat.JaxprEqn] | None:
   made_jaxpr = jax.make_jaxpr(flat_scan)(*avals).jaxpr
   if made_jaxpr.constvars or any(isinstance(v, _compat.Literal) for v in made_jaxpr.outvars):
     return None
-  rename = {**dict(zip(made_jaxpr.invars, eqn.invars)),
-            **dict(zip(made_jaxpr.outvars, eqn.outvars))}
-  return [e.replace(invars=[v if isinstance(v, _compat.Literal) else rename.get(v, v)
-                            for v in e.invars],
-                    outvars=[rename.get(v, v) for v in e.outvars], source_info=eqn.source_info)
-          for e in made_jaxpr.eqns]
+  return _compat.spliced(made_jaxpr, eqn.invars, eqn.outvars, source_info=eqn.source_info)
 
 
 def _find(traced: TracedChain) -> list[tuple[int, int]]:
