@@ -172,14 +172,14 @@ def fit(
       footprint, steps[plan] = compile_step(gradient_step(loss), params, batch, arrays)
       return footprint.total_bytes
 
-  def replay(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:  # a GPU's
+  def replay(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:
     loss = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)[0]
     return compile_replay(layers, loss, params, batch, kept, resolved, arrays)
 
   with clock("profile"):  # as apply: the layer-boundary plans predicted alike
     planner = make_planner(traced, scans, params, batch, model_kwargs, False,
                            resolved, replay if checks.default_profile(
-                               resolved, jax.default_backend()) == "compiled" else None,
+                               resolved, jax.default_backend(), traced) == "compiled" else None,
                            required=False)
   fixed = planner.fixed_bytes
   segmented = frozenset(s.layer for s in scans)  # the scanned stacks fit segments
