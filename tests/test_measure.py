@@ -145,7 +145,8 @@ def _one_checkpoint_away(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 def test_verify_compiles_the_least_predicted_candidates_ties_included(cnn):
   """Every plan one checkpoint away is enumerated here; those within 1% of the chosen
   plan's estimate are ties, and the (up to) two least of them are candidates. verify
-  compiles at most six plans: the chosen one and the candidates of least prediction."""
+  compiles what the default compiles, then up to five more: the candidates of least
+  prediction."""
   import itertools
 
   from jaxremat._backends.estimate import estimate_temp_bytes
@@ -165,10 +166,12 @@ def test_verify_compiles_the_least_predicted_candidates_ties_included(cnn):
   assert ties and got == ties[:2]
   assert set(got) <= {p.checkpoints for p in r._planner.candidates(r.plan)}
   verified = jaxremat.apply(model.apply, params, x, verify=True).verified
-  assert r.plan.checkpoints in verified and len(verified) <= 6
-  compiled = [c for c in verified if c != r.plan.checkpoints]
+  confirmed = jaxremat.apply(model.apply, params, x).verified
+  assert r.plan.checkpoints in verified and set(confirmed) <= set(verified)
+  compiled = [c for c in verified if c not in confirmed]
+  assert len(compiled) <= 5
   left = {p.checkpoints for p in r._planner.candidates(r.plan)} - set(verified)
-  worst = max(r.predict_total_bytes(jaxremat.Plan(c)) for c in compiled)
+  worst = max((r.predict_total_bytes(jaxremat.Plan(c)) for c in compiled), default=0)
   assert all(r.predict_total_bytes(jaxremat.Plan(c)) >= worst for c in left)
 
 

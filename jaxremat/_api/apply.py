@@ -77,10 +77,11 @@ def apply(
     refine: for ``method="optimal"``, improve model R's optimum (a chain's) or model G's
       (a graph's, with the compiled profile) by local search on the prediction of XLA's
       footprint (``predict_total_bytes``).
-    verify: compile the training step (``jax.grad`` of ``loss_fn``) for the chosen plan and
-      up to ``MAX_COMPILES - 1`` candidates predicted within 10% of the least (model R's
-      and model A's optima, the best uniform plans, the estimate's near ties), and keep
-      the one XLA measures smallest (within 0.1%, the one that recomputes least); with
+    verify: compile the training step (``jax.grad`` of ``loss_fn``) for what the default
+      compiles (below), then up to ``MAX_COMPILES - 1`` candidates predicted within 10%
+      of the least (model R's and model A's optima, the best uniform plans, the
+      estimate's near ties), and keep the one XLA measures smallest (within 0.1%, the
+      one that recomputes least): never above the default's plan; with
       ``scan_segment="auto"``, first measure every segment length of each scanned stack.
       With ``budget_bytes``, instead tighten the plan until XLA's footprint fits. With
       ``plan``, measure that plan only. The figures are kept in ``Remat.verified``.
@@ -305,8 +306,9 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
       return fit_budget(planner, budget, measure_plan)
     return planner.solve_budget(budget), None
   plan = planner.solve(method, refine)
-  if verify and method == "optimal":
-    return verify_plan(planner, plan, measure_plan)
+  if verify and method == "optimal":  # what the default compiles, then the candidates
+    return verify_plan(planner, plan, measure_plan,
+                       known=confirm_plan(planner, plan, measure_plan)[1])
   if verify is None and method == "optimal":
     return confirm_plan(planner, plan, measure_plan)
   if verify is not False:  # another solver's plan, as asked: compiled once, for the report
