@@ -191,6 +191,15 @@ def planned_for_evaluation_called_for_training():
   r.fn(params, X, train=True, rngs={"dropout": jax.random.key(1)})
 
 
+def flag_traced_by_jit():
+  """``train=True`` passed through ``jax.jit``, which makes it a traced ``bool[]``."""
+  model = DropoutWhenTraining()
+  params = model.init(jax.random.key(0), X)
+  rngs = {"dropout": jax.random.key(1)}
+  r = jaxremat.apply(model.apply, params, X, train=True, rngs=rngs, verify=False)
+  jaxremat.jit(r.fn)(params, X[:1], train=True, rngs=rngs)
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
   id: str
@@ -428,6 +437,9 @@ CASES = [
          jaxremat.InputMismatchError,
          r"made with no keyword arguments, this call has rngs=\{'dropout': key<fry>\[\]\}, "
          r"train=True; plan with those of the training step"),
+    Case("drop-in-flag-traced-by-jit", flag_traced_by_jit, jaxremat.InputMismatchError,
+         r"fails when train= is an array .*jax\.jit traced it\. Mark it static "
+         r"\(jaxremat\.jit\(f, static_argnames=\('train',\)\)\) or close over it"),
     # Reports.
     Case("plot-unknown-method", lambda: mlp()[2].plot("unused.png", compare=("fast",)),
          jaxremat.UnknownMethodError, "unknown method 'fast'"),

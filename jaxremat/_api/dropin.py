@@ -72,19 +72,37 @@ class _Array:
     return self.text
 
 
-def _kwargs_text(kwargs_key: InputKey) -> str:
-  """The keyword arguments of an ``input_key`` (from its third entry), arrays by dtype and
-  shape: ``train=True, targets=int32[8, 64]``."""
+def _kwargs_of(kwargs_key: InputKey) -> dict[str, Any] | None:
+  """The keyword arguments of an ``input_key`` (from its third entry), arrays as
+  ``_Array``s; None where they cannot be rebuilt."""
   (_, avals), kw_tree, static = kwargs_key
   arrays = iter(_Array(shape, dtype) for shape, dtype in avals)
   try:
-    kwargs = jax.tree_util.tree_unflatten(kw_tree, [next(arrays) if s is None else s
-                                                    for s in static])
+    return jax.tree_util.tree_unflatten(kw_tree, [next(arrays) if s is None else s
+                                                  for s in static])
   except (TypeError, ValueError, StopIteration):
+    return None
+
+
+def _kwargs_text(kwargs_key: InputKey) -> str:
+  """The keyword arguments of an ``input_key``, arrays by dtype and shape: ``train=True,
+  targets=int32[8, 64]``."""
+  kwargs = _kwargs_of(kwargs_key)
+  if kwargs is None:
     return "other keyword arguments"
   shown = [f"{k}={v!r:.80}" for k, v in kwargs.items()
            if not k.startswith(PRIVATE_KWARGS)]  # apply_nnx's model state: not the user's
   return ", ".join(shown) or "no keyword arguments"
+
+
+def _traced_flags(now: InputKey, planned: InputKey) -> list[str]:
+  """Keyword arguments planned with a Python value (``train=True``) that are arrays now:
+  ``jax.jit`` traced them."""
+  a, b = _kwargs_of(now), _kwargs_of(planned)
+  if a is None or b is None:
+    return []
+  return [k for k, v in a.items() if isinstance(v, _Array) and k in b
+          and not isinstance(b[k], _Array) and not isinstance(b[k], (dict, list, tuple))]
 
 
 def _same_layers(names: tuple[str, ...], planned: tuple[str, ...]) -> bool:
@@ -149,6 +167,13 @@ class DropIn:
       except JaxrematError:
         raise
       except Exception as err:
+        flags = _traced_flags(key[2:], self._kwargs_key)
+        if flags:  # a flag jit made an array: the model cannot branch on it
+          raise InputMismatchError(
+              f"the model fails when {', '.join(f'{k}=' for k in flags)} is an array "
+              f"({_kwargs_text(key[2:])}), planned with a Python value ({_kwargs_text(self._kwargs_key)}): jax.jit traced it. "
+              f"Mark it static (jaxremat.jit(f, static_argnames=({flags[0]!r},))) or "
+              f"close over it: {type(err).__name__}: {err}") from err
         if key[1] != self._batch_key:  # another batch: likely the cause, say so
           raise InputMismatchError(
               f"the model fails on {_batch_text(key[1], self._batch_key)}: "
