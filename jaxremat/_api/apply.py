@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -16,16 +17,17 @@ from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_fine
                                  searched_note)
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
-from jaxremat._api.planner import (Planner, check_budget_method, check_holds_inputs,
-                                   make_planner, scale_estimate)
+from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method,
+                                   check_holds_inputs, make_planner, scale_estimate)
 from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
 from jaxremat._backends.plain_step import PlainStep, compile_plain_step
-from jaxremat._backends.replay import Replay
+from jaxremat._backends.replay import Replay, chain_kept
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.scan import ScanPlan
+from jaxremat._jaxpr.sharding import is_sharded
 from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Plan
 
@@ -111,8 +113,10 @@ def apply(
       (None): ``"compiled"`` for a GPU (a ``target``, or the local device), for a
       graph of layers (whose jaxpr profile is model G alone) and for a model drawing
       random bits (dropout: XLA:CPU keeps the bits as the key's kind makes them), where
-      the model allows it; else ``"jaxpr"``.
-      ``Remat.profile`` says which predicted.
+      the model allows it; else ``"jaxpr"``, its step as written compiled with a dump:
+      when XLA misses the estimate's plan by more than 3%, the compiled profile's plan
+      is the first candidate compiled, and if XLA measures it least, the compiled
+      profile predicts it. ``Remat.profile`` says which predicted.
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) run as an outer scan over segments of ``k`` iterations, each under
@@ -224,13 +228,23 @@ def apply(
   measure_plan = lambda p: measured(p, traced, scans)  # noqa: E731
   chosen = plan is None
   # The step as written, compiled for the report anyway, first: XLA's total over the
-  # estimate's, which then only spreads it over the layers.
-  plain_bytes = (measured(Plan(), written) if chosen and budget is None and verify is not False
-                 and not scans and not traced.is_graph and planner.profile == "jaxpr"
-                 else None)
+  # estimate's, which then only spreads it over the layers. Where the compiled profile
+  # can replay it, compiled with a dump: a second opinion when XLA misses the estimate.
+  plain_bytes, second = None, None
+  if (chosen and budget is None and verify is not False and not scans and not traced.is_graph
+      and planner.profile == "jaxpr"):
+    if profile is None and not is_sharded((params, batch, model_kwargs)):
+      footprints[(), (), (), layer_depth] = plain_bytes = plain_step().total_bytes
+      assert isinstance(planner, ChainPlanner)
+      second = _SecondOpinion(planner, traced, compiled, refine)
+    else:
+      plain_bytes = measured(Plan(), written)
   planner = scale_estimate(planner, plain_bytes)
   with clock("solve"):
-    plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan)
+    plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan,
+                             second)
+  if second is not None and second.proposed(plan):
+    planner = second.planner()  # it proposed the plan XLA measured least: it predicts it
   # The layers found first answer for the model as written; a search may plan deeper ones.
   first, planned_depth, decomposition = planner, layer_depth, traced.decomposition
   if search and scans:
@@ -292,12 +306,40 @@ def _measured_saving(as_written: int | None, verified: dict[tuple[int, ...], int
   return as_written, verified[plan.checkpoints]
 
 
+class _SecondOpinion:
+  """The compiled profile beside the estimate, made and solved only when asked (when
+  XLA misses the estimate's plan): its optimal plan is then a candidate."""
+
+  def __init__(self, estimate: ChainPlanner, traced: TracedChain,
+               compiled: Callable[[TracedChain, tuple[tuple[int, int, int], ...]], Replay],
+               refine: bool):
+    self._estimate, self._traced, self._compiled, self._refine = estimate, traced, compiled, refine
+    self._planner: ChainPlanner | None = None
+    self._plan: Plan | None = None
+
+  def planner(self) -> ChainPlanner:
+    if self._planner is None:
+      replay = self._compiled(self._traced, chain_kept(self._estimate.chain.act_bytes))
+      self._planner = dataclasses.replace(self._estimate, replay=replay, temp_scale=1.0)
+    return self._planner
+
+  def __call__(self) -> tuple[Plan, ...]:
+    self._plan = self.planner().solve("optimal", self._refine)
+    return (self._plan,)
+
+  def proposed(self, plan: Plan) -> bool:
+    """Whether ``plan`` is the compiled profile's, asked for."""
+    return self._plan is not None and plan.checkpoints == self._plan.checkpoints
+
+
 def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None, refine: bool,
-            verify: bool | None, measure_plan: Callable[[Plan], int]
+            verify: bool | None, measure_plan: Callable[[Plan], int],
+            second: _SecondOpinion | None = None
             ) -> tuple[Plan, dict[tuple[int, ...], int] | None]:
   """The plan: the given one, the budget plan (fitted to XLA's figure unless ``verify`` is
   False), or the solver's (confirmed by default, verified among candidates with
-  ``verify``); and what was compiled."""
+  ``verify``; ``second``: the compiled profile's opinion, asked when XLA misses the
+  estimate); and what was compiled."""
   if plan is not None:
     planner.validate(plan)
     return plan, {plan.checkpoints: measure_plan(plan)} if verify is not False else None
@@ -308,9 +350,9 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
   plan = planner.solve(method, refine)
   if verify and method == "optimal":  # what the default compiles, then the candidates
     return verify_plan(planner, plan, measure_plan,
-                       known=confirm_plan(planner, plan, measure_plan)[1])
+                       known=confirm_plan(planner, plan, measure_plan, second)[1])
   if verify is None and method == "optimal":
-    return confirm_plan(planner, plan, measure_plan)
+    return confirm_plan(planner, plan, measure_plan, second)
   if verify is not False:  # another solver's plan, as asked: compiled once, for the report
     return plan, {plan.checkpoints: measure_plan(plan)}
   return plan, None

@@ -264,8 +264,9 @@ def fit(
       raise _infeasible(budget, predicted_least, "predicted", traced, read_as,
                         coarse_reason(planner, traced, segmented))
     raise _infeasible(budget, min(compiled), f"XLA-measured, the least of the {len(compiled)} "
-                      "plans fit compiled; jaxremat.apply(..., verify=True) (apply_nnx for an "
-                      "nnx module), which looks for the least footprint, may reach less", traced,
+                      "plans fit compiled; jaxremat.apply(..., layer_depth='search') (apply_nnx "
+                      "for an nnx module), which plans below these layers too and keeps what "
+                      "XLA measures least, may reach less", traced,
                       read_as, coarse_reason(planner, traced, segmented))
   timings: list[tuple[str, int, float]] = []
   examined = list(search.tried)

@@ -76,8 +76,9 @@ def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
   return [plan, *ahead, *(found[c] for c in ranked)][:limit]
 
 
-def confirm_plan(planner: Planner, plan: Plan,
-                 measured_bytes: Callable[[Plan], int]) -> tuple[Plan, Measured]:
+def confirm_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], int],
+                 second_opinion: Callable[[], tuple[Plan, ...]] | None = None
+                 ) -> tuple[Plan, Measured]:
   """Compiles ``plan`` and keeps XLA's least of what it compiles.
 
   When XLA's footprint is within ``CONFIRM_TOLERANCE`` of the prediction, also compiles
@@ -88,7 +89,8 @@ def confirm_plan(planner: Planner, plan: Plan,
   (``_other_structure``). Otherwise,
   ``CONFIRM_EXTRA`` candidates (``shortlist`` with ``spread``), pruned by their
   prediction only beyond ``PRUNE_ABOVE`` plus the miss: this model's predictions are
-  that far off; the planner's ``second_opinion`` first.
+  that far off; the planner's ``second_opinion`` first (or the one given: asked only
+  on a miss).
   """
   measured = measured_bytes(plan)
   miss = abs(measured - planner.total_bytes(plan)) / measured
@@ -105,7 +107,7 @@ def confirm_plan(planner: Planner, plan: Plan,
     return _least(planner, plan, found, "confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
                      known={plan.checkpoints: measured}, spread=True,
-                     prune_above=PRUNE_ABOVE + miss, first=planner.second_opinion(),
+                     prune_above=PRUNE_ABOVE + miss, first=(second_opinion or planner.second_opinion)(),
                      how="confirmed")
 
 
@@ -190,7 +192,8 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
       f"budget_bytes={budget_bytes} ({fmt_bytes(budget_bytes)}) is below the least footprint "
       f"XLA compiled for the {len(seen)} plans jaxremat tried, the least-peak plan among "
       f"them: {least} bytes ({fmt_bytes(least)}). Raise the budget or shrink the batch "
-      "(apply(verify=True) compares more plans for the least footprint).",
+      "(apply(layer_depth='search') plans below these layers too and keeps what XLA "
+      "measures least).",
       budget_bytes=budget_bytes, min_feasible_bytes=least)
 
 
