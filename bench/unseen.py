@@ -202,10 +202,13 @@ def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
   verify_seconds = time.perf_counter() - start
   verified_bytes = footprint(verified.fn)
   compiled = _compiled_profile(apply_fn, params, x, target, kwargs, footprint)
+  given = _as_given(apply_fn, params, x, target, kwargs, footprint)
   least = min(verified_bytes, uniform[best_k], *(verified.verified or {}).values(),
-              *(compiled or {}).get("verified", {}).values())
-  if compiled:
-    compiled["vs_least"] = compiled["bytes"] / least - 1
+              *(compiled or {}).get("verified", {}).values(),
+              *(given or {}).get("verified", {}).values())
+  for found in (compiled, given):
+    if found:
+      found["vs_least"] = found.get("bytes", found.get("apply_bytes")) / least - 1
   row = {
       "model": name, "layers": r.chain.n, **default, "target": target, "none_bytes": none,
       "best_uniform_k": best_k, "best_uniform_bytes": uniform[best_k],
@@ -214,7 +217,7 @@ def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
       "verify_vs_best_uniform": verified_bytes / uniform[best_k] - 1,
       "least_bytes": least, "apply_vs_least": measured / least - 1,
       "uniform_bytes": uniform, "grad_max_rel_diff": None, "grad_noise_floor": None,
-      "compiled_profile": compiled,
+      "compiled_profile": compiled, "as_given": given,
   }
   if target is None:
     grads = jaxremat.jit(jax.grad(training_loss(r.fn, kwargs)))(params, x)
@@ -226,17 +229,30 @@ def run_model(name: str, apply_fn: Callable[..., Any], params: Any, x: Any,
   return row
 
 
-def _default_apply(apply_fn, params, x, target, kwargs, footprint) -> tuple[Any, dict]:
-  """Default apply with ``profile="jaxpr"``: the result, and its row's columns (plan,
-  XLA's footprint, prediction, seconds, compiles)."""
+def _default_apply(apply_fn, params, x, target, kwargs, footprint,
+                   profile: str | None = "jaxpr") -> tuple[Any, dict]:
+  """Default apply with ``profile`` (None: no profile given, as a user calls it): the
+  result, and its row's columns (plan, XLA's footprint, prediction, seconds, compiles,
+  the profile that predicted, every plan compiled)."""
   start = time.perf_counter()
-  r = jaxremat.apply(apply_fn, params, x, target=target, profile="jaxpr", **kwargs)
+  r = jaxremat.apply(apply_fn, params, x, target=target, profile=profile, **kwargs)
   seconds = time.perf_counter() - start
   measured = footprint(r.fn)
   return r, {"plan": list(r.plan.checkpoints), "compiled": len(r.verified or {}),
              "apply_seconds": seconds, "apply_bytes": measured,
              "predicted_bytes": r.predicted_total_bytes,
-             "prediction_error": r.predicted_total_bytes / measured - 1}
+             "prediction_error": r.predicted_total_bytes / measured - 1,
+             "profile": r.profile,
+             "verified": {",".join(map(str, c)): b for c, b in (r.verified or {}).items()}}
+
+
+def _as_given(apply_fn, params, x, target, kwargs, footprint) -> dict | None:
+  """On the local backend, apply as a user calls it (no profile given: the estimate,
+  asking the compiled profile when XLA misses it; the compiled profile for graphs and
+  dropout); None for a target, whose default is the compiled profile's column."""
+  if target is not None:
+    return None
+  return _default_apply(apply_fn, params, x, target, kwargs, footprint, profile=None)[1]
 
 
 def refresh(row: dict, apply_fn: Callable[..., Any], params: Any, x: Any,
@@ -253,12 +269,16 @@ def refresh(row: dict, apply_fn: Callable[..., Any], params: Any, x: Any,
     row = {**row, **_default_apply(apply_fn, params, x, target, kwargs, footprint)[1]}
     row["apply_vs_best_uniform"] = row["apply_bytes"] / row["best_uniform_bytes"] - 1
   compiled = _compiled_profile(apply_fn, params, x, target, kwargs, footprint)
+  given = (_as_given(apply_fn, params, x, target, kwargs, footprint) if default
+           else row.get("as_given"))
   least = min(row["least_bytes"], row["apply_bytes"],
-              *(compiled or {}).get("verified", {}).values())
-  if compiled:
-    compiled["vs_least"] = compiled["bytes"] / least - 1
+              *(compiled or {}).get("verified", {}).values(),
+              *(given or {}).get("verified", {}).values())
+  for found in (compiled, given):
+    if found:
+      found["vs_least"] = found.get("bytes", found.get("apply_bytes")) / least - 1
   return {**row, "least_bytes": least, "apply_vs_least": row["apply_bytes"] / least - 1,
-          "compiled_profile": compiled, "compiled_refreshed": True}
+          "compiled_profile": compiled, "as_given": given, "compiled_refreshed": True}
 
 
 def _compiled_profile(apply_fn, params, x, target, kwargs, footprint) -> dict | None:
@@ -308,8 +328,20 @@ def markdown(rows: list[dict]) -> str:
             f"| {100 * c['vs_least']:+.1f}% | {c['seconds']:.1f} ({c['compiled']}) |")
     lines.append(f"| {r['model']} | {r['apply_bytes'] / mib:.2f} "
                  f"| {100 * r['prediction_error']:+.1f}% | {100 * r['apply_vs_least']:+.1f}% {tail}")
+  given = [r for r in rows if r.get("as_given")]
+  if given:
+    lines += ["", "Apply as a user calls it (no `profile=`): the profile that predicted "
+              "its plan, XLA's footprint, the prediction's error, against the least.", "",
+              "| model | profile | MiB | error | vs least | s (compiles) |",
+              "|---|---|---|---|---|---|"]
+    for r in given:
+      g = r["as_given"]
+      lines.append(f"| {r['model']} | {g['profile']} | {g['apply_bytes'] / mib:.2f} "
+                   f"| {100 * g['prediction_error']:+.1f}% | {100 * g['vs_least']:+.1f}% "
+                   f"| {g['apply_seconds']:.1f} ({g['compiled']}) |")
   for profile, get in (("jaxpr", lambda r: r),
-                       ("compiled", lambda r: r.get("compiled_profile"))):
+                       ("compiled", lambda r: r.get("compiled_profile")),
+                       ("no profile given", lambda r: r.get("as_given"))):
     found = [get(r) for r in rows if get(r)]
     error = [abs(f["prediction_error"]) for f in found]
     least = [f.get("apply_vs_least", f.get("vs_least")) for f in found]
