@@ -42,7 +42,7 @@ def alternatives(options: OptionCosts, points: list[tuple[int, float, tuple[Grou
                                           for i in range(n)))
            for kind in (RECOMPUTE, DOTS, DOTS_NO_BATCH)]
   below = [groups for peak, _, groups in points if peak <= search.allowed]
-  found += [("frontier, least footprint" if k == 0 else
+  found += [("frontier, least predicted footprint" if k == 0 else
              "frontier, middle point in budget", below[k])
             for k in sorted({0, len(below) // 2}) if k < len(below)]
   if search.layer_plans.current is not None:
