@@ -171,7 +171,8 @@ class DropIn:
         if flags:  # a flag jit made an array: the model cannot branch on it
           raise InputMismatchError(
               f"the model fails when {', '.join(f'{k}=' for k in flags)} is an array "
-              f"({_kwargs_text(key[2:])}), planned with a Python value ({_kwargs_text(self._kwargs_key)}): jax.jit traced it. "
+              f"({_kwargs_text(key[2:])}), planned with a Python value "
+              f"({_kwargs_text(self._kwargs_key)}): jax.jit traced it. "
               f"Mark it static (jaxremat.jit(f, static_argnames=({flags[0]!r},))) or "
               f"close over it: {type(err).__name__}: {err}") from err
         if key[1] != self._batch_key:  # another batch: likely the cause, say so

@@ -107,7 +107,8 @@ def confirm_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], 
     return _least(planner, plan, found, "confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
                      known={plan.checkpoints: measured}, spread=True,
-                     prune_above=PRUNE_ABOVE + miss, first=(second_opinion or planner.second_opinion)(),
+                     prune_above=PRUNE_ABOVE + miss,
+                     first=(second_opinion or planner.second_opinion)(),
                      how="confirmed")
 
 
