@@ -190,8 +190,7 @@ def apply(
 
   def measured(plan: Plan, traced: TracedChain = traced, scans: tuple[ScanPlan, ...] = (),
                depth: int | None = layer_depth) -> int:
-    program = (plan.checkpoints, plan.inner, tuple((s.layer, s.segment) for s in scans
-                                                   if s.rematerialised), depth)
+    program = _program(plan, scans, depth)
     if program not in footprints:
       with clock("compile"):
         drop_in = DropIn(model_fn, plan, depth, traced, key, _segments(scans))
@@ -234,7 +233,7 @@ def apply(
   if (chosen and budget is None and verify is not False and not scans and not traced.is_graph
       and planner.profile == "jaxpr"):
     if profile is None and not is_sharded((params, batch, model_kwargs)):
-      footprints[(), (), (), layer_depth] = plain_bytes = plain_step().total_bytes
+      plain_bytes = footprints[_program(Plan(), (), layer_depth)] = plain_step().total_bytes
       assert isinstance(planner, ChainPlanner)
       second = _SecondOpinion(planner, traced, compiled, refine)
     else:
@@ -304,6 +303,12 @@ def _measured_saving(as_written: int | None, verified: dict[tuple[int, ...], int
   if as_written is None or not verified or plan.checkpoints not in verified:
     return None
   return as_written, verified[plan.checkpoints]
+
+
+def _program(plan: Plan, scans: tuple[ScanPlan, ...], depth: int | None) -> tuple[Any, ...]:
+  """What a compiled step of ``plan`` at ``depth`` depends on: no program compiled twice."""
+  return (plan.checkpoints, plan.inner,
+          tuple((s.layer, s.segment) for s in scans if s.rematerialised), depth)
 
 
 class _SecondOpinion:
