@@ -149,6 +149,12 @@ def test_report_lists_cuts_and_strategies(zoo_model):
   text = r.report()
   assert "model-G peak" in text and "best-uniform" in text
   assert r.predicted_peak_bytes == graph_peak_bytes(r.chain, r.plan)
+  header, *rows = r._planner.layer_table(r.plan)
+  assert header[2] == "residuals" and header[-1] == "GFLOP" and len(rows) == r.chain.n
+  last = max(r.plan.checkpoints, default=0)  # layers up to the last kept cut run again
+  assert [row[5] != "saved" for row in rows] == [t <= last for t in range(1, r.chain.n + 1)]
+  assert [float(row[-1]) for row in rows] == pytest.approx(
+      [f / 1e9 for f in r.chain.flops], abs=6e-4)
 
 
 def test_graph_budget_takes_the_least_recompute_within_it(zoo_model):

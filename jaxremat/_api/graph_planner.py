@@ -170,10 +170,15 @@ class GraphPlanner:
 
   def layer_table(self, plan: Plan) -> list[tuple[str, ...]]:
     g, kept = self.chain, set(plan.checkpoints)
-    rows: list[tuple[str, ...]] = [("#", "layer", "cut keeps", "values", "plan")]
+    last = plan.checkpoints[-1] if plan.checkpoints else 0
+    rows: list[tuple[str, ...]] = [
+        ("#", "layer", "residuals", "cut keeps", "values", "plan", "GFLOP")]
     for t in range(1, g.n + 1):
       cut = (fmt_bytes(g.crossing_bytes(t)), str(len(g.crossing(t)))) if t < g.n else ("", "")
-      rows.append((str(t), g.names[t - 1], *cut, "kept cut after" if t in kept else ""))
+      residuals = g.res_bytes[t - 1] + sum(g.value_bytes[v] for v in g.saved[t - 1])
+      status = "kept cut after" if t in kept else ("recomputed" if t <= last else "saved")
+      rows.append((str(t), g.names[t - 1], fmt_bytes(residuals), *cut, status,
+                   f"{g.flops[t - 1] / 1e9:.3f}"))
     return rows
 
   def reported_plans(self, plan: Plan) -> dict[str, Plan]:
