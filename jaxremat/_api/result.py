@@ -227,6 +227,12 @@ class Remat:
             f"  {fmt_bytes(measured):>10} ({fmt_bytes(planner.total_bytes(Plan(checkpoints)))})"
             f"  {list(checkpoints)}{'  = ' + ', '.join(same) if same else ''}"
             f"{'  <- chosen' if chosen else ''}")
+      searched = "layer_depth='search'" in self.decomposition
+      if (len(compiled) > 2 and not searched
+          and max(compiled.values()) <= min(compiled.values()) * 1.001):
+        lines.append("  every plan compiled measures the same: XLA's peak is inside a layer "
+                     "no checkpoint between layers reaches; layer_depth='search' plans "
+                     "below these layers too")
     for s in self.scans:
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "
