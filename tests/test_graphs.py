@@ -222,8 +222,9 @@ def test_verified_plan_measures_below_no_remat_and_every_uniform_plan(name):
   """XLA's footprint of the chosen plan against no remat and every checkpoint-every-k plan.
 
   Model G ranks plans well at the top but XLA's CPU schedule is its own, so the plan is
-  verified: every layer kept, model G's best uniform plan and optimum, and the cuts one
-  away from the optimum are compiled (six compiles at most), and the least is kept.
+  verified: what the default compiles (four plans at most), then every layer kept, model
+  G's best uniform plan and optimum, and the cuts one away from the optimum (a shortlist
+  of six with the chosen plan), and the least is kept.
   """
   model, shape = FOOTPRINT_MODELS[name]
   x = jax.random.normal(jax.random.key(1), shape)
@@ -243,7 +244,7 @@ def test_verified_plan_measures_below_no_remat_and_every_uniform_plan(name):
   print(figures)
   assert ours < plain, figures
   assert ours <= uniform[best_k], figures
-  assert len(r.verified) <= 6
+  assert len(r.verified) <= 4 + 5
 
 
 # ---------------------------------------------------------------- jaxremat.fit on a graph
