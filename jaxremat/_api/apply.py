@@ -18,7 +18,8 @@ from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_fine
 from jaxremat._api.loss import LossFn, training_loss_with_arrays
 from jaxremat._api.measure import step_bytes
 from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method,
-                                   check_holds_inputs, make_planner, scale_estimate)
+                                   check_holds_inputs, make_planner, scale_estimate,
+                                   sharded_inputs)
 from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
 from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
@@ -27,7 +28,6 @@ from jaxremat._backends.replay import Replay, chain_kept
 from jaxremat._backends.targets import Target, get_target
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.scan import ScanPlan
-from jaxremat._jaxpr.sharding import is_sharded
 from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Plan
 
@@ -232,7 +232,7 @@ def apply(
   plain_bytes, second = None, None
   if (chosen and budget is None and verify is not False and not scans and not traced.is_graph
       and planner.profile == "jaxpr"):
-    if profile is None and not is_sharded((params, batch, model_kwargs)):
+    if profile is None and not sharded_inputs(params, batch, model_kwargs):
       plain_bytes = footprints[_program(Plan(), (), layer_depth)] = plain_step().total_bytes
       assert isinstance(planner, ChainPlanner)
       second = _SecondOpinion(planner, traced, compiled, refine)
@@ -325,7 +325,7 @@ class _SecondOpinion:
   def planner(self) -> ChainPlanner:
     if self._planner is None:
       replay = self._compiled(self._traced, chain_kept(self._estimate.chain.act_bytes))
-      self._planner = dataclasses.replace(self._estimate, replay=replay, temp_scale=1.0)
+      self._planner = dataclasses.replace(self._estimate, replay=replay)
     return self._planner
 
   def __call__(self) -> tuple[Plan, ...]:

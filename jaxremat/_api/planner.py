@@ -247,6 +247,12 @@ def scale_estimate(planner: Planner, plain_step_bytes: int | None) -> Planner:
   return planner.scaled_to(plain_step_bytes)
 
 
+def sharded_inputs(params: Any, batch: Any, model_kwargs: dict[str, Any]) -> bool:
+  """Whether params, batch or an array keyword argument is spread over several devices
+  (the compiled profile replays one device's program: not then)."""
+  return _sharding.is_sharded((params, batch, split_kwargs(model_kwargs)[0]))
+
+
 def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, batch: Any,
                  model_kwargs: dict[str, Any], calibrate: bool, target: Target | None,
                  compiled: Callable[[TracedChain, tuple[tuple[int, int, int], ...]], Replay]
@@ -259,7 +265,7 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
   else the jaxpr profile."""
   arrays, _, _ = split_kwargs(model_kwargs)
   fixed = checks.fixed_bytes(params, batch, arrays)
-  sharded = _sharding.is_sharded((params, batch, arrays))
+  sharded = sharded_inputs(params, batch, model_kwargs)
   platform = "gpu" if target else None
   if platform and sharded:
     raise InvalidArgumentError(
