@@ -163,6 +163,22 @@ def test_report_says_when_every_plan_compiled_measures_the_same():
   assert hint in dataclasses.replace(r, verified=dict.fromkeys(plans, 1000)).report()
   apart = dataclasses.replace(r, verified=dict(zip(plans, (1000, 1100, 1000))))
   assert hint not in apart.report()
+  assert "layer_depth='search'" in dataclasses.replace(r, verified=dict.fromkeys(plans, 1000)
+                                                       ).report()
+
+
+def test_report_of_a_segmented_scan_points_nowhere_search_does_not_go():
+  """A user's scanned encoder: every plan measured the same and the report pointed to
+  layer_depth='search', which does not plan below a segmented scanned stack."""
+  import dataclasses
+  from scan_models import ScannedMLP
+  model = ScannedMLP(width=32, hidden=64, outputs=4, depth=4)
+  x = jnp.ones((8, 16))
+  r = jaxremat.apply(model.apply, _init(model, x, {}), x, verify=False)
+  assert r.scans
+  report = dataclasses.replace(r, verified=dict.fromkeys([(1,), (2,), (1, 2)], 1000)).report()
+  assert "every plan compiled measures the same" in report
+  assert "layer_depth='search'" not in report
 
 
 @pytest.mark.parametrize("plan,regions", [

@@ -200,6 +200,20 @@ def flag_traced_by_jit():
   jaxremat.jit(r.fn)(params, X[:1], train=True, rngs=rngs)
 
 
+class NnxMLP(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.a, self.b = nnx.Linear(4, 8, rngs=rngs), nnx.Linear(8, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.b(nnx.relu(self.a(x)))
+
+
+def nnx_drop_in() -> tuple[NnxMLP, Any]:
+  """A small nnx model and ``apply_nnx``'s result for it."""
+  model = NnxMLP(nnx.Rngs(0))
+  return model, jaxremat.apply_nnx(model, X, verify=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
   id: str
@@ -247,6 +261,16 @@ CASES = [
     Case("nnx-module-and-batch-alone",  # as apply_nnx takes them: one argument short
          lambda: jaxremat.fit(nnx.Linear(4, 8, rngs=nnx.Rngs(0)), X, 0.5),
          jaxremat.InvalidArgumentError, r"model_fn is an nnx module \(Linear\).*fit_nnx"),
+    Case("apply-flag-positional", lambda: jaxremat.apply(mlp()[0].apply, mlp()[1], X, True),
+         jaxremat.InvalidArgumentError,
+         r"apply\(\) takes 3 positional arguments \(model_fn, params, batch\), got 4: True "
+         r"after them\. The model's other arguments go by keyword.*"
+         r"apply\(model\.apply, params, x, train=True\)"),
+    Case("fit-second-input-positional",
+         lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 0.5, X[:, 0]),
+         jaxremat.InvalidArgumentError,
+         r"fit\(\) takes 4 positional arguments \(model_fn, params, batch, memory_budget\), "
+         r"got 5: .*second input as t=t"),
     Case("apply-without-batch", lambda: jaxremat.apply(mlp()[0].apply, mlp()[1]),
          jaxremat.InvalidArgumentError, r"apply\(model_fn, params, batch\) was called without batch"),
     Case("apply-given-memory-budget", lambda: apply_mlp(memory_budget=0.5),
@@ -347,6 +371,11 @@ CASES = [
     Case("budget-below-least", lambda: apply_mlp(budget_bytes=BELOW_LEAST),
          jaxremat.InfeasibleBudgetError, r"below the least footprint XLA compiled for the \d+ plans jaxremat tried, the "
          r"least-peak plan among them: \d+ bytes \(\d+\.\d\d KiB\)"),
+    Case("budget-below-least-scanned",
+         lambda: jaxremat.apply(scan_stack, STACK, X[:, :4],
+                                budget_bytes=held_bytes(STACK, X[:, :4]) + 8),
+         jaxremat.InfeasibleBudgetError, r"least-peak plan among them: \d+ bytes \([^)]*\)\. "
+         r"Raise the budget or shrink the batch\.$"),  # not layer_depth='search': no use here
     Case("budget-negative", lambda: apply_mlp(budget_bytes=-5),
          jaxremat.InvalidBudgetError, "non-negative number of bytes, got -5"),
     Case("budget-a-share", lambda: apply_mlp(budget_bytes=0.5),
@@ -419,6 +448,13 @@ CASES = [
          r"apply_nnx"),
     Case("drop-in-positional-extras", lambda: mlp()[2].fn(mlp()[1], X, True),
          jaxremat.InvalidArgumentError, r"by keyword.*got 1 more positional argument"),
+    Case("nnx-drop-in-batch-missing", lambda: nnx_drop_in()[1].fn(X),
+         jaxremat.InvalidArgumentError,
+         r"the drop-in jaxremat\.apply_nnx returns is called as r\.fn\(model, batch, "
+         r"\*\*kwargs\): the NnxMLP module .* then the batch; got one positional argument"),
+    Case("nnx-drop-in-swapped", lambda: nnx_drop_in()[1].fn(X, nnx_drop_in()[0]),
+         jaxremat.InvalidArgumentError,
+         r"called as r\.fn\(model, batch, \*\*kwargs\).*got a \w+ and a NnxMLP"),
     Case("drop-in-batch-structure", lambda: call_drop_in(batch={"x": X}),
          jaxremat.InputMismatchError, r"batch has structure .*'x'.*but the plan was made for"),
     Case("drop-in-params-unwrapped", lambda: call_drop_in(lambda p: p["params"]),
@@ -550,6 +586,26 @@ def test_drop_in_warns_when_its_plan_runs_for_other_keyword_arguments():
       "with train=False")):
     got = jax.grad(lambda p: r.fn(p, X, train=True, rngs=rngs).sum())(params)
   want = jax.grad(lambda p: model.apply(p, X, train=True, rngs=rngs).sum())(params)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_drop_in_runs_keyword_arrays_of_another_dtype_without_a_warning():
+  """A user's diffusion model planned with an int32 timestep and called with a float one:
+  as for a batch of another dtype, the plan runs and nothing warns (the warning is for
+  other flags: an evaluation's plan running a training step)."""
+  model, params, _ = mlp()
+
+  def model_fn(p, x, t):
+    return model.apply(p, x) * t[:, None]
+
+  t = jnp.arange(X.shape[0], dtype=jnp.int32)
+  r = jaxremat.apply(model_fn, params, X, t=t, verify=False)
+  tf = t.astype(jnp.float32) + 0.5
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    got = jax.grad(lambda p: r.fn(p, X, t=tf).sum())(params)
+  want = jax.grad(lambda p: model_fn(p, X, tf).sum())(params)
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-6)
 

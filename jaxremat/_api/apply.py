@@ -31,6 +31,7 @@ from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Plan
 
+@checks.positional("model_fn", "params", "batch")
 def apply(
     model_fn: Callable[..., Any],
     params: Any,
@@ -241,7 +242,7 @@ def apply(
   planner = scale_estimate(planner, plain_bytes)
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan,
-                             second)
+                             second, searchable=not scans)
   if second is not None and second.proposed(plan):
     planner = second.planner()  # it proposed the plan XLA measured least: it predicts it
   # The layers found first answer for the model as written; a search may plan deeper ones.
@@ -339,18 +340,19 @@ class _SecondOpinion:
 
 def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None, refine: bool,
             verify: bool | None, measure_plan: Callable[[Plan], int],
-            second: _SecondOpinion | None = None
+            second: _SecondOpinion | None = None, searchable: bool = True
             ) -> tuple[Plan, dict[tuple[int, ...], int] | None]:
   """The plan: the given one, the budget plan (fitted to XLA's figure unless ``verify`` is
   False), or the solver's (confirmed by default, verified among candidates with
   ``verify``; ``second``: the compiled profile's opinion, asked when XLA misses the
-  estimate); and what was compiled."""
+  estimate); and what was compiled. ``searchable``: ``layer_depth='search'`` applies (no
+  segmented scanned stack), for the error of an infeasible budget."""
   if plan is not None:
     planner.validate(plan)
     return plan, {plan.checkpoints: measure_plan(plan)} if verify is not False else None
   if budget is not None:
     if verify:  # where the model says no, XLA may still fit one of the fallback plans
-      return fit_budget(planner, budget, measure_plan)
+      return fit_budget(planner, budget, measure_plan, searchable)
     return planner.solve_budget(budget), None
   plan = planner.solve(method, refine)
   if verify and method == "optimal":  # what the default compiles, then the candidates

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import flax.linen as nn
 import jax
@@ -96,6 +97,30 @@ class _Required:
 
 
 REQUIRED: Any = _Required()
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def positional(*names: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+  """Rejects a call of the decorated entry point with more positional arguments than
+  ``names`` (its own): the one after them is most likely the model's own (``train`` or a
+  second input), which goes by keyword. Python's own ``TypeError`` would not say so."""
+
+  def decorate(entry: Callable[_P, _R]) -> Callable[_P, _R]:
+    @functools.wraps(entry)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+      if len(args) > len(names):
+        extra = ", ".join(f"{a!r:.40}" for a in args[len(names):])
+        call = ", ".join({"model_fn": "model.apply", "batch": "x"}.get(n, n) for n in names)
+        raise InvalidArgumentError(
+            f"{entry.__name__}() takes {len(names)} positional arguments ({', '.join(names)})"
+            f", got {len(args)}: {extra} after them. The model's other arguments go by "
+            f"keyword, as its call takes them: {entry.__name__}({call}, train=True), or a "
+            "second input as t=t; r.fn is then called with the same keywords.")
+      return entry(*args, **kwargs)
+    return checked
+  return decorate
 
 
 def check_given(entry: str, **arguments: Any) -> None:

@@ -105,6 +105,13 @@ def _traced_flags(now: InputKey, planned: InputKey) -> list[str]:
           and not isinstance(b[k], _Array) and not isinstance(b[k], (dict, list, tuple))]
 
 
+def _options(kwargs_key: InputKey) -> tuple[Any, ...]:
+  """The keyword arguments of an ``input_key`` less their arrays' shapes and dtypes: their
+  structure and Python values (``train=True``)."""
+  (arrays_tree, _), kw_tree, static = kwargs_key
+  return arrays_tree, kw_tree, static
+
+
 def _same_layers(names: tuple[str, ...], planned: tuple[str, ...]) -> bool:
   """The same layers, one for one: modules by name; a module's work outside its children,
   named by its primitives after the module's path (``decoder/(reduce_sum,div)``), by the
@@ -200,7 +207,7 @@ class DropIn:
             "made this drop-in: apply, fit, apply_nnx or fit_nnx), or, to "
             "evaluate without gradients (train=False), call the model itself: r.fn is for "
             "the training step." + kwargs_differ)
-      if was != now:
+      if _options(key[2:]) != _options(self._kwargs_key):  # not arrays of another shape
         warnings.warn(PlanReusedWarning(
             f"jaxremat: the drop-in is called with {now}, but the plan was made with {was}. "
             "The model has the same layers, so the plan runs (same outputs and gradients), "

@@ -48,6 +48,7 @@ MAX_TIMED_ALTERNATIVES = 5  # plans compiled beside the chosen one to time them 
 TIMED_MARGIN = 0.1  # alternatives predicted up to 10% over the budget are compiled too
 
 
+@checks.positional("model_fn", "params", "batch", "memory_budget")
 def fit(
     model_fn: Callable[..., Any],
     params: Any,
@@ -263,10 +264,11 @@ def fit(
     if not compiled:
       raise _infeasible(budget, predicted_least, "predicted", traced, read_as,
                         coarse_reason(planner, traced, segmented))
+    deeper = ("; jaxremat.apply(..., layer_depth='search') (apply_nnx for an nnx module), "
+              "which plans below these layers too and keeps what XLA measures least, may "
+              "reach less" if not segmented else "")
     raise _infeasible(budget, min(compiled), f"XLA-measured, the least of the {len(compiled)} "
-                      "plans fit compiled; jaxremat.apply(..., layer_depth='search') (apply_nnx "
-                      "for an nnx module), which plans below these layers too and keeps what "
-                      "XLA measures least, may reach less", traced,
+                      f"plans fit compiled{deeper}", traced,
                       read_as, coarse_reason(planner, traced, segmented))
   timings: list[tuple[str, int, float]] = []
   examined = list(search.tried)

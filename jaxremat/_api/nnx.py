@@ -37,6 +37,7 @@ _APPLY_OPTIONS, _FIT_OPTIONS = (
 _SCOPES: contextvars.ContextVar[dict[Any, str]] = contextvars.ContextVar("jaxremat_nnx_scopes")
 
 
+@checks.positional("model", "batch")
 def apply_nnx(
     model: nnx.Module,
     batch: Any,
@@ -108,6 +109,7 @@ def apply_nnx(
   return _planned(apply, _APPLY_OPTIONS, model, batch, (), wrt, kwargs)
 
 
+@checks.positional("model", "batch", "memory_budget")
 def fit_nnx(
     model: nnx.Module,
     batch: Any,
@@ -268,8 +270,14 @@ class _NnxDropIn:
     self._model_type = model_type
     self._made_by = made_by  # what to call again on the model in another mode
 
-  def __call__(self, model: nnx.Module, batch: Any, **kwargs: Any) -> Any:
-    _check_module(model)
+  def __call__(self, model: nnx.Module, batch: Any = checks.REQUIRED, **kwargs: Any) -> Any:
+    if batch is checks.REQUIRED or not isinstance(model, nnx.Module):
+      got = ("one positional argument" if batch is checks.REQUIRED else
+             f"a {type(model).__name__} and a {type(batch).__name__}")
+      raise InvalidArgumentError(
+          f"the drop-in {self._made_by} returns is called as r.fn(model, batch, **kwargs): "
+          f"the {self._model_type.__name__} module (its state is read from it and updated "
+          f"in it), then the batch; got {got}.")
     _check_no_nnx_objects(batch, kwargs)
     if type(model) is not self._model_type:
       raise InputMismatchError(

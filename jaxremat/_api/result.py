@@ -231,8 +231,9 @@ class Remat:
       if (len(compiled) > 2 and not searched
           and max(compiled.values()) <= min(compiled.values()) * 1.001):
         lines.append("  every plan compiled measures the same: XLA's peak is inside a layer "
-                     "no checkpoint between layers reaches; layer_depth='search' plans "
-                     "below these layers too")
+                     "no checkpoint between layers reaches" + (
+                         "; layer_depth='search' plans below these layers too"
+                         if not self.scans else ""))
     for s in self.scans:
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "

@@ -150,8 +150,8 @@ def _least(planner: Planner, plan: Plan, measured: Measured, how: str) -> Plan:
   return plan if best == plan.checkpoints else Plan(best, method=f"{plan.method}+{how}")
 
 
-def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Plan], int]
-               ) -> tuple[Plan, Measured]:
+def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Plan], int],
+               searchable: bool = True) -> tuple[Plan, Measured]:
   """The budget plan, tightened until XLA's footprint of it fits ``budget_bytes``.
 
   The model's own budget plans (model R's or G's, ``model_budget_plan``), each compiled
@@ -164,7 +164,9 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
   (``sweep_uniform``), then the least-peak plan default ``apply`` solves for.
 
   Raises:
-    InfeasibleBudgetError: no plan tried fits; it carries the least XLA-measured footprint.
+    InfeasibleBudgetError: no plan tried fits; it carries the least XLA-measured footprint
+      (its message points to ``layer_depth='search'`` where ``searchable``: no segmented
+      scanned stack).
   """
   seen: Measured = {}
 
@@ -192,9 +194,9 @@ def fit_budget(planner: Planner, budget_bytes: int, measured_bytes: Callable[[Pl
   raise InfeasibleBudgetError(
       f"budget_bytes={budget_bytes} ({fmt_bytes(budget_bytes)}) is below the least footprint "
       f"XLA compiled for the {len(seen)} plans jaxremat tried, the least-peak plan among "
-      f"them: {least} bytes ({fmt_bytes(least)}). Raise the budget or shrink the batch "
-      "(apply(layer_depth='search') plans below these layers too and keeps what XLA "
-      "measures least).",
+      f"them: {least} bytes ({fmt_bytes(least)}). Raise the budget or shrink the batch"
+      + (" (apply(layer_depth='search') plans below these layers too and keeps what XLA "
+         "measures least)." if searchable else "."),
       budget_bytes=budget_bytes, min_feasible_bytes=least)
 
 
