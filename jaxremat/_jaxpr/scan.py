@@ -303,13 +303,12 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None
                     ) -> _compat.JaxprEqn:
   """An equation computing what ``eqn`` (a forward scan of length ``n``) computes, as an
   outer scan over ``n / k`` segments, each a ``jax.checkpoint`` of a scan over ``k``
-  (keeping what ``policy``, a policy option, keeps; by default nothing); for ``k = 1``,
-  the scan of the checkpointed body, as ``nn.scan(nn.remat(block))`` writes it.
+  (keeping what ``policy``, a policy option, keeps; by default nothing).
 
   The checkpoints run in a loop's body, where XLA cannot merge the recompute into the
   forward: they go without ``prevent_cse``'s barriers, which ``jax.checkpoint``'s
-  documentation says a scan does not need (XLA:CPU then kept 0.7 MiB less of a user's
-  8-block encoder at batch 16: 36.67 MiB, as ``nn.remat`` in ``nn.scan`` without them).
+  documentation says a scan does not need (XLA:CPU then kept 0.5 MiB less of a user's
+  8-block encoder and of the realworld scanned LM, at one block a segment).
   """
   params = eqn.params
   body = jex_core.jaxpr_as_fun(params["jaxpr"])
@@ -323,11 +322,6 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None
     def step(c, x):
       out = body(*consts, *c, *x)
       return list(out[:ncarry]), list(out[ncarry:])
-
-    if k == 1:  # no inner scan of one: XLA keeps its stacked slices (+1.5 MiB there)
-      carry, ys = jax.lax.scan(jax.checkpoint(step, prevent_cse=False, policy=remat_policy),
-                               carry, list(xs), unroll=params["unroll"])
-      return [*carry, *ys]
 
     def segment(c, j):
       xk = [jax.lax.dynamic_slice_in_dim(x, j * k, k) for x in xs]
