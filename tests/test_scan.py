@@ -318,7 +318,7 @@ def test_default_apply_measures_the_segment_lengths_beside_the_estimates():
   segmented = _measured(jaxremat.apply(model.apply, params, x, scan_segment=1).fn, params, x)
   r = jaxremat.apply(model.apply, params, x)
   assert [s.segment for s in r.scans] == [1]
-  assert _measured(r.fn, params, x) == segmented < plain
+  assert _measured(r.fn, params, x) <= segmented < plain
 
 
 def test_a_stack_of_rematerialised_blocks_is_named_by_its_module():
@@ -339,3 +339,21 @@ def test_a_stack_of_rematerialised_blocks_is_named_by_its_module():
   r = jaxremat.apply(model.apply, params, x, verify=False)
   assert [s.name for s in r.scans] == ["layers"]
 
+
+@pytest.mark.parametrize("name", ["nn.scan-preln-transformer", "nn.scan-mlp"])
+def test_default_apply_measures_no_more_than_nn_remat_inside_nn_scan(name):
+  """What a user writes by hand, ``nn.scan(nn.remat(Block, prevent_cse=False))``, is the
+  bar for a stack segmented one block at a time: default apply compiles that form beside
+  the inner scan of one block and keeps the smaller (a user's scanned encoder: 38.88 MiB
+  against 36.67 by hand before; the realworld scanned LM measures less with the inner
+  scan, 35.18 against 37.18 MiB)."""
+  model, params, x = MODELS[name]()
+  fn = _apply_fn(model)
+  r = jaxremat.apply(fn, params, x)
+  by_hand = _apply_fn(model.clone(block=nn.remat(model.block, prevent_cse=False)))
+  planned = jaxremat.measure(_loss(r.fn), params, x).total_bytes
+  assert planned <= jaxremat.measure(_loss(by_hand), params, x).total_bytes
+  assert r.measured_total_bytes == planned
+  inner = jaxremat.apply(fn, params, x, scan_segment=1, verify=False)  # an int: inner scans
+  assert not any(s.block for s in inner.scans)
+  assert planned <= jaxremat.measure(_loss(inner.fn), params, x).total_bytes

@@ -124,8 +124,11 @@ def apply(
       ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) XLA
       measures smallest, of every divisor with ``verify=True``; by default, for the
       plan ``apply`` chooses, of the estimate's choice and the divisors beside it (two
-      or three compiles a stack); else the estimate's choice. An int: that ``k`` for
-      every stack; ``None``: scans are left as they are (one opaque layer).
+      or three compiles a stack); else the estimate's choice. A ``k`` of 1 measured so
+      is compiled twice: an inner scan of one block, and the checkpointed block itself
+      (``nn.scan(nn.remat(block))``; ``ScanPlan.block``), and the smaller kept. An int:
+      that ``k`` for every stack (inner scans); ``None``: scans are left as they are
+      (one opaque layer).
     target: plan for this GPU instead of the local backend, from any machine (no GPU
       needed): ``"h100"``, ``"h200"``, ``"a100"``, a target-config text or file, or a
       ``Target``.
@@ -309,7 +312,7 @@ def _measured_saving(as_written: int | None, verified: dict[tuple[int, ...], int
 def _program(plan: Plan, scans: tuple[ScanPlan, ...], depth: int | None) -> tuple[Any, ...]:
   """What a compiled step of ``plan`` at ``depth`` depends on: no program compiled twice."""
   return (plan.checkpoints, plan.inner,
-          tuple((s.layer, s.segment) for s in scans if s.rematerialised), depth)
+          tuple((s.layer, s.choice) for s in scans if s.rematerialised), depth)
 
 
 class _SecondOpinion:
@@ -366,4 +369,4 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
 
 
 def _segments(scans: tuple[ScanPlan, ...]) -> tuple[int, ...] | None:
-  return tuple(s.segment for s in scans) if scans else None
+  return tuple(s.choice for s in scans) if scans else None

@@ -143,7 +143,7 @@ def fit(
 
   def segmented_bytes(variant: TracedChain, stacks: tuple[_scan.ScanPlan, ...]) -> int:
     with clock("compile"):  # XLA's footprint with the scanned stacks segmented so
-      fn = DropIn(model_fn, Plan(), layer_depth, variant, key, tuple(s.segment for s in stacks))
+      fn = DropIn(model_fn, Plan(), layer_depth, variant, key, tuple(s.choice for s in stacks))
       return step_bytes(fn, model_kwargs, params, batch, resolved, loss_fn)
 
   # scanned stacks segmented as apply(verify=True) segments them: the length XLA

@@ -237,7 +237,8 @@ class Remat:
     for s in self.scans:
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "
-          f"{s.segment} (model-R peak {fmt_bytes(s.peak_bytes)}; optimal plan "
+          f"{s.segment}{' (the checkpointed block itself)' if s.block else ''} (model-R peak "
+          f"{fmt_bytes(s.peak_bytes)}; optimal plan "
           f"{fmt_bytes(s.optimal_peak_bytes)}; with no checkpoint inside it "
           f"{fmt_bytes(peak_bytes(s.chain, Plan()))})")
     return "\n".join(lines)

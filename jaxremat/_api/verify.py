@@ -222,9 +222,11 @@ def measured_segments(traced: TracedChain,
                       measured_bytes: Callable[[TracedChain, tuple[_scan.ScanPlan, ...]], int],
                       nearby: bool = False) -> tuple[int, ...] | str:
   """Per scanned stack, the segment length (a divisor of its length) whose training step
-  XLA measures smallest, one stack at a time, the others as model R chose. ``nearby``:
-  of the estimate's length (``choose_segment``) and the divisors next to it only (two or
-  three compiles a stack, where every divisor is one each)."""
+  XLA measures smallest, one stack at a time, the others as model R chose; a length of
+  one is compiled in both forms (an inner scan of one block, and the block itself:
+  ``_scan.BLOCK``). ``nearby``: of the estimate's length (``choose_segment``) and the
+  divisors next to it only (two to four compiles a stack, where every divisor is one
+  each)."""
   _, scans = _scan.rewrite(traced, "auto")
   segments = [s.segment for s in scans]
   for j, s in enumerate(scans):
@@ -234,6 +236,8 @@ def measured_segments(traced: TracedChain,
     if nearby:
       at = lengths.index(s.segment)
       lengths = lengths[max(at - 1, 0):at + 2]
+    if lengths[0] == 1:
+      lengths.insert(0, _scan.BLOCK)  # a tie keeps the inner scan (the larger k below)
     sizes = {}
     for k in lengths:
       trial = (*segments[:j], k, *segments[j + 1:])

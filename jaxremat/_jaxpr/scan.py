@@ -31,6 +31,14 @@ from jaxremat._jaxpr.trace import Layer, TracedChain
 from jaxremat._model.chain import Chain, Plan, peak_bytes
 
 
+#: A stack's ``segment`` in ``rewrite`` for one block a segment written as the scan of the
+#: checkpointed block (``nn.scan(nn.remat(block))``), without an inner scan of one: XLA
+#: keeps less of one form or the other depending on the model (a user's scanned encoder
+#: 36.67 MiB against 38.38 with the inner scan; the realworld scanned LM 37.18 against
+#: 35.18), so ``apply`` compiles both where it measures segment lengths.
+BLOCK = 0
+
+
 @dataclasses.dataclass(frozen=True)
 class ScanPlan:
   """How one scanned layer stack runs.
@@ -43,6 +51,8 @@ class ScanPlan:
     chain: the uniform chain of one iteration repeated ``n`` times (bytes, FLOPs).
     optimal_peak_bytes: model R's least peak over all plans of ``chain`` (bytes), for
       comparison with the uniform segmentation's ``peak_bytes`` (a lower bound).
+    block: with ``segment == 1``, each segment is the checkpointed block itself, not an
+      inner scan of one (``BLOCK``).
   """
 
   layer: int
@@ -51,6 +61,13 @@ class ScanPlan:
   segment: int
   chain: Chain
   optimal_peak_bytes: int
+  block: bool = False
+
+  @property
+  def choice(self) -> int:
+    """How the stack is segmented, as one int: ``segment``, or ``BLOCK`` (0) for one
+    block a segment written as the checkpointed block itself."""
+    return BLOCK if self.block else self.segment
 
   @property
   def peak_bytes(self) -> int:
@@ -70,7 +87,8 @@ def rewrite(traced: TracedChain, segment: int | str | Sequence[int],
   Args:
     traced: the traced model.
     segment: ``"auto"`` (each stack's ``k`` by ``choose_segment``), an int (the same
-      ``k`` for every stack), or one ``k`` per stack in order (to replay a choice).
+      ``k`` for every stack), or one ``k`` per stack in order (to replay a choice; there
+      ``BLOCK``: one block a segment without an inner scan).
     policies: per stack in order, what its segments' ``jax.checkpoint`` keeps: ``None``
       (nothing) or a policy option (``DOTS``, ``DOTS_NO_BATCH``: the outputs of its
       matrix products, in every iteration).
@@ -105,20 +123,23 @@ def rewrite(traced: TracedChain, segment: int | str | Sequence[int],
     eqn = layer.eqns[ei]
     chain = iteration_chain(eqn, layer.name)
     n = eqn.params["length"]
+    block = False
     if segment == "auto":
       k = choose_segment(chain)
     else:
       k = int(segment[j] if isinstance(segment, (list, tuple)) else cast(int, segment))
+      if k == BLOCK and not single:
+        k, block = 1, True
       if k < 1 or n % k:
         raise UnsupportedScanError(
             f"segment length {k} does not divide the {n} iterations of the scan in layer "
             f"{layer.name!r}; use one of {divisors(n)}.")
     optimal = peak_bytes(chain, _optimal(chain))
     policy = policies[j] if policies else None
-    plans.append(ScanPlan(li, layer.name, n, k, chain, optimal))
+    plans.append(ScanPlan(li, layer.name, n, k, chain, optimal, block))
     if k < n or policy:
       eqns = list(layer.eqns)
-      eqns[ei] = nested_scan_eqn(eqn, k, policy)
+      eqns[ei] = nested_scan_eqn(eqn, k, policy, block)
       layers[li] = dataclasses.replace(layer, eqns=tuple(eqns))
   return dataclasses.replace(traced, layers=tuple(layers)), tuple(plans)
 
@@ -284,7 +305,7 @@ def layout(scans: Sequence[ScanPlan], policies: dict[int, str]
   """``rewrite``'s segments and policies for ``scans`` as planned, except that the stacks
   of the layers in ``policies`` (layer index: policy option) run one iteration per
   segment under that policy (as a ``remat`` of the block with the policy inside a scan)."""
-  return (tuple(1 if s.layer in policies else s.segment for s in scans),
+  return (tuple(1 if s.layer in policies else s.choice for s in scans),
           tuple(policies.get(s.layer) for s in scans))
 
 
@@ -299,11 +320,12 @@ def _optimal(chain: Chain) -> Plan:
   return solve(chain, "optimal")
 
 
-def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None
-                    ) -> _compat.JaxprEqn:
+def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None,
+                    block: bool = False) -> _compat.JaxprEqn:
   """An equation computing what ``eqn`` (a forward scan of length ``n``) computes, as an
   outer scan over ``n / k`` segments, each a ``jax.checkpoint`` of a scan over ``k``
-  (keeping what ``policy``, a policy option, keeps; by default nothing).
+  (keeping what ``policy``, a policy option, keeps; by default nothing); with ``block``
+  (``k == 1``), the scan of the checkpointed block.
 
   The checkpoints run in a loop's body, where XLA cannot merge the recompute into the
   forward: they go without ``prevent_cse``'s barriers, which ``jax.checkpoint``'s
@@ -322,6 +344,11 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None
     def step(c, x):
       out = body(*consts, *c, *x)
       return list(out[:ncarry]), list(out[ncarry:])
+
+    if block:
+      carry, ys = jax.lax.scan(jax.checkpoint(step, prevent_cse=False, policy=remat_policy),
+                               carry, list(xs), unroll=params["unroll"])
+      return [*carry, *ys]
 
     def segment(c, j):
       xk = [jax.lax.dynamic_slice_in_dim(x, j * k, k) for x in xs]
