@@ -179,6 +179,7 @@ def test_report_of_a_segmented_scan_points_nowhere_search_does_not_go():
   report = dataclasses.replace(r, verified=dict.fromkeys([(1,), (2,), (1, 2)], 1000)).report()
   assert "every plan compiled measures the same" in report
   assert "layer_depth='search'" not in report
+  assert "\nnone (scans segmented) " in report  # not the model as written (a trial misread it)
 
 
 @pytest.mark.parametrize("plan,regions", [

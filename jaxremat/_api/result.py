@@ -189,12 +189,13 @@ class Remat:
     if self.scans:
       lines.append("every strategy runs the scanned stacks segmented (below); 'none' places "
                    "no checkpoint between the layers")
-    w = max(14, *(len(m) + 2 for m in plans))
+    label = {m: f"{m} (scans segmented)" if m == "none" and self.scans else m for m in plans}
+    w = max(14, *(len(name) + 2 for name in label.values()))
     lines.append(f"{'strategy':<{w}}{'checkpoints':>12}{model + ' peak':>16}"
                  f"{'predicted total':>18}{'recompute GFLOP':>18}")
     for method, p in plans.items():
       lines.append(
-          f"{method:<{w}}{len(p.checkpoints):>12}{fmt_bytes(planner.peak_bytes(p)):>16}"
+          f"{label[method]:<{w}}{len(p.checkpoints):>12}{fmt_bytes(planner.peak_bytes(p)):>16}"
           f"{fmt_bytes(planner.total_bytes(p)):>18}{planner.recompute_flops(p) / 1e9:>18.3f}")
     if self.as_written_bytes is not None:
       lines.append(f"the model as written (no plan), XLA-measured: "
