@@ -31,6 +31,7 @@ from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._jaxpr.trace import TracedChain
 from jaxremat._model.chain import Plan
 
+
 @checks.positional("model_fn", "params", "batch")
 def apply(
     model_fn: Callable[..., Any],
