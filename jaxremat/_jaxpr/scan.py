@@ -8,8 +8,9 @@ residuals of one iteration's VJP are ``b``. A segment length ``k`` dividing ``le
 is chosen under model R, and the scan is replaced by an outer scan over ``length / k``
 segments whose body is a ``jax.checkpoint`` of an inner scan over ``k`` iterations
 (segment ``j`` reads rows ``jk..jk+k-1`` of the stacked ``xs``, i.e. the ``[n / k, k,
-...]`` view). The forward keeps ``n / k`` carries; the backward recomputes one segment
-at a time.
+...]`` view), or, for one block a segment (``BLOCK``), by the scan of the checkpointed
+block. The forward keeps ``n / k`` carries; the backward recomputes one segment at a
+time.
 """
 
 from __future__ import annotations
