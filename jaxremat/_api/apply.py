@@ -10,8 +10,8 @@ from typing import Any
 import jax
 
 from jaxremat._api import checks
-from jaxremat._api.advice import (MIN_SAVING, coarse_reason, warn_as_written, warn_if_coarse,
-                                  warn_boundaries_kept, warn_one_layer)
+from jaxremat._api.advice import (MIN_SAVING, coarse_reason, search_hint, warn_as_written,
+                                  warn_if_coarse, warn_boundaries_kept, warn_one_layer)
 from jaxremat._api.dropin import DropIn, input_key
 from jaxremat._api.finer import (FINER_GAIN, FINER_LEVELS, finer_note, plan_finer,
                                  searched_note)
@@ -287,6 +287,9 @@ def apply(
   coarse = (chosen and method == "optimal" and plan.method != AS_WRITTEN
             and warn_if_coarse(planner, plan, traced, segmented,
                                _measured_saving(as_written, verified, plan)))
+  if (chosen and method == "optimal" and not search and not scans and not coarse
+      and verified and plan.checkpoints in verified):
+    decomposition += search_hint(planner, traced, verified[plan.checkpoints])
   if chosen and method != "none" and not scans and plan.method != AS_WRITTEN:
     warn_one_layer(traced)
     if not plan.checkpoints and len(traced.layers) > 1:
