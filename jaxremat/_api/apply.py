@@ -22,7 +22,8 @@ from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method,
                                    sharded_inputs)
 from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
-from jaxremat._api.verify import confirm_plan, fit_budget, measured_segments, verify_plan
+from jaxremat._api.verify import (confirm_plan, fit_budget, least_plan, measured_segments,
+                                  verify_plan)
 from jaxremat._backends.plain_step import PlainStep, compile_plain_step
 from jaxremat._backends.replay import Replay, chain_kept
 from jaxremat._backends.targets import Target, get_target
@@ -235,9 +236,11 @@ def apply(
   # estimate's, which then only spreads it over the layers. Where the compiled profile
   # can replay it, compiled with a dump: a second opinion when XLA misses the estimate.
   plain_bytes, second = None, None
-  if (chosen and budget is None and verify is not False and not scans and not traced.is_graph
+  if (chosen and budget is None and verify is not False and not traced.is_graph
       and planner.profile == "jaxpr"):
-    if profile is None and not sharded_inputs(params, batch, model_kwargs):
+    if scans:  # the stacks segmented, no checkpoint between layers: compiled where the
+      plain_bytes = measured(Plan(), traced, scans)  # segment length was measured
+    elif profile is None and not sharded_inputs(params, batch, model_kwargs):
       plain_bytes = footprints[_program(Plan(), (), layer_depth)] = plain_step().total_bytes
       assert isinstance(planner, ChainPlanner)
       second = _SecondOpinion(planner, traced, compiled, refine)
@@ -249,6 +252,9 @@ def apply(
                              second, searchable=not scans)
   if second is not None and second.proposed(plan):
     planner = second.planner()  # it proposed the plan XLA measured least: it predicts it
+  if scans and plain_bytes is not None and verified and plan.checkpoints and method == "optimal":
+    verified[()] = plain_bytes  # no checkpoint between layers, compiled: a candidate too
+    plan = least_plan(planner, plan, verified, "confirmed")
   # The layers found first answer for the model as written; a search may plan deeper ones.
   first, planned_depth, decomposition = planner, layer_depth, traced.decomposition
   if search and scans:

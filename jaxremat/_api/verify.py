@@ -104,7 +104,7 @@ def confirm_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], 
       last = [*_other_structure(planner, plan, found), *last][:1]
     for p in last:
       found.setdefault(p.checkpoints, measured_bytes(p))
-    return _least(planner, plan, found, "confirmed"), found
+    return least_plan(planner, plan, found, "confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
                      known={plan.checkpoints: measured}, spread=True,
                      prune_above=PRUNE_ABOVE + miss,
@@ -124,7 +124,7 @@ def verify_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], i
   for p in shortlist(planner, plan, limit, spread, prune_above, first):
     if p.checkpoints not in measured:
       measured[p.checkpoints] = measured_bytes(p)
-  return _least(planner, plan, measured, how), measured
+  return least_plan(planner, plan, measured, how), measured
 
 
 def _same(a: int, b: int) -> bool:
@@ -144,7 +144,7 @@ def _other_structure(planner: Planner, plan: Plan, measured: Measured) -> list[P
   return []
 
 
-def _least(planner: Planner, plan: Plan, measured: Measured, how: str) -> Plan:
+def least_plan(planner: Planner, plan: Plan, measured: Measured, how: str) -> Plan:
   """``plan`` when it is ``least_measured``; else that plan, its method marked ``how``."""
   best = least_measured(measured, lambda c: planner.recompute_flops(Plan(c)))
   return plan if best == plan.checkpoints else Plan(best, method=f"{plan.method}+{how}")
