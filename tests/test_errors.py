@@ -270,7 +270,7 @@ CASES = [
          lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 0.5, X[:, 0]),
          jaxremat.InvalidArgumentError,
          r"fit\(\) takes 4 positional arguments \(model_fn, params, batch, memory_budget\), "
-         r"got 5: .*second input as t=t"),
+         r"got 5: a float32\[2\] array after them.*second input as tokens=tokens"),
     Case("apply-without-batch", lambda: jaxremat.apply(mlp()[0].apply, mlp()[1]),
          jaxremat.InvalidArgumentError, r"apply\(model_fn, params, batch\) was called without batch"),
     Case("apply-given-memory-budget", lambda: apply_mlp(memory_budget=0.5),
@@ -608,6 +608,27 @@ def test_drop_in_runs_keyword_arrays_of_another_dtype_without_a_warning():
   want = jax.grad(lambda p: model_fn(p, X, tf).sum())(params)
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+class NnxNormed(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.a, self.norm = nnx.Linear(4, 8, rngs=rngs), nnx.BatchNorm(8, rngs=rngs)
+    self.b = nnx.Linear(8, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.b(nnx.relu(self.norm(self.a(x))))
+
+
+def test_nnx_drop_in_says_the_modules_mode_changed():
+  """A user's trial planned an nnx ResNet in training mode and called the drop-in after
+  model.eval(): the warning said "called with no keyword arguments, but the plan was made
+  with no keyword arguments"."""
+  model = NnxNormed(nnx.Rngs(0))
+  r = jaxremat.apply_nnx(model, X, verify=False)
+  model.eval()
+  with pytest.warns(jaxremat.PlanReusedWarning,
+                    match=r"the module's static attributes differ .*model\.eval\(\)"):
+    r.fn(model, X)
 
 
 def test_drop_in_keeps_the_notes_of_the_models_own_error():

@@ -111,16 +111,23 @@ def positional(*names: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     @functools.wraps(entry)
     def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
       if len(args) > len(names):
-        extra = ", ".join(f"{a!r:.40}" for a in args[len(names):])
+        extra = ", ".join(_described(a) for a in args[len(names):])
         call = ", ".join({"model_fn": "model.apply", "batch": "x"}.get(n, n) for n in names)
         raise InvalidArgumentError(
             f"{entry.__name__}() takes {len(names)} positional arguments ({', '.join(names)})"
             f", got {len(args)}: {extra} after them. The model's other arguments go by "
-            f"keyword, as its call takes them: {entry.__name__}({call}, train=True), or a "
-            "second input as t=t; r.fn is then called with the same keywords.")
+            f"keyword, named as its call names them: {entry.__name__}({call}, train=True), "
+            "or a second input as tokens=tokens; r.fn is then called with the same keywords.")
       return entry(*args, **kwargs)
     return checked
   return decorate
+
+
+def _described(value: Any) -> str:
+  """An argument in an error: an array by dtype and shape, anything else by its repr."""
+  if hasattr(value, "shape") and hasattr(value, "dtype"):
+    return f"a {value.dtype}{list(value.shape)} array"
+  return f"{value!r:.40}"
 
 
 def check_given(entry: str, **arguments: Any) -> None:

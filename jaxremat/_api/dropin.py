@@ -208,8 +208,12 @@ class DropIn:
             "evaluate without gradients (train=False), call the model itself: r.fn is for "
             "the training step." + kwargs_differ)
       if _options(key[2:]) != _options(self._kwargs_key):  # not arrays of another shape
+        called = (f"the drop-in is called with {now}, but the plan was made with {was}"
+                  if was != now else  # apply_nnx's module state: its static attributes
+                  "the module's static attributes differ from those the plan was made with "
+                  "(model.eval() or model.train(): a Dropout's or BatchNorm's mode)")
         warnings.warn(PlanReusedWarning(
-            f"jaxremat: the drop-in is called with {now}, but the plan was made with {was}. "
+            f"jaxremat: {called}. "
             "The model has the same layers, so the plan runs (same outputs and gradients), "
             "but it was chosen, and its figures (report(), measured_total_bytes) measured, "
             "for the call it was made for: a training step with dropout keeps more than an "
