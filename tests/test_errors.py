@@ -454,7 +454,7 @@ CASES = [
          r"\*\*kwargs\): the NnxMLP module .* then the batch; got one positional argument"),
     Case("nnx-drop-in-swapped", lambda: nnx_drop_in()[1].fn(X, nnx_drop_in()[0]),
          jaxremat.InvalidArgumentError,
-         r"called as r\.fn\(model, batch, \*\*kwargs\).*got a \w+ and a NnxMLP"),
+         r"called as r\.fn\(model, batch, \*\*kwargs\).*got \w+, then NnxMLP"),
     Case("drop-in-batch-structure", lambda: call_drop_in(batch={"x": X}),
          jaxremat.InputMismatchError, r"batch has structure .*'x'.*but the plan was made for"),
     Case("drop-in-params-unwrapped", lambda: call_drop_in(lambda p: p["params"]),

@@ -273,7 +273,7 @@ class _NnxDropIn:
   def __call__(self, model: nnx.Module, batch: Any = checks.REQUIRED, **kwargs: Any) -> Any:
     if batch is checks.REQUIRED or not isinstance(model, nnx.Module):
       got = ("one positional argument" if batch is checks.REQUIRED else
-             f"a {type(model).__name__} and a {type(batch).__name__}")
+             f"{type(model).__name__}, then {type(batch).__name__}")
       raise InvalidArgumentError(
           f"the drop-in {self._made_by} returns is called as r.fn(model, batch, **kwargs): "
           f"the {self._model_type.__name__} module (its state is read from it and updated "
