@@ -293,8 +293,8 @@ def apply(
   coarse = (chosen and method == "optimal" and plan.method != AS_WRITTEN
             and warn_if_coarse(planner, plan, traced, segmented,
                                _measured_saving(as_written, verified, plan)))
-  if (chosen and method == "optimal" and not search and not scans and not coarse
-      and verified and plan.checkpoints in verified):
+  if (chosen and method == "optimal" and layer_depth is None and not search and not scans
+      and not coarse and verified and plan.checkpoints in verified):  # default layers
     decomposition += search_hint(planner, traced, verified[plan.checkpoints])
   if chosen and method != "none" and not scans and plan.method != AS_WRITTEN:
     warn_one_layer(traced)
