@@ -22,7 +22,7 @@ from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method,
                                    sharded_inputs)
 from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
-from jaxremat._api.verify import (confirm_plan, fit_budget, least_plan, measured_segments,
+from jaxremat._api.verify import (Measured, confirm_plan, fit_budget, measured_segments,
                                   verify_plan)
 from jaxremat._backends.plain_step import PlainStep, compile_plain_step
 from jaxremat._backends.replay import Replay, chain_kept
@@ -247,14 +247,13 @@ def apply(
     else:
       plain_bytes = measured(Plan(), written)
   planner = scale_estimate(planner, plain_bytes)
+  # the stacks segmented with no checkpoint between layers, compiled: a candidate too
+  known = {(): plain_bytes} if scans and plain_bytes is not None else None
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan,
-                             second, searchable=not scans)
+                             second, known, searchable=not scans)
   if second is not None and second.proposed(plan):
     planner = second.planner()  # it proposed the plan XLA measured least: it predicts it
-  if scans and plain_bytes is not None and verified and plan.checkpoints and method == "optimal":
-    verified[()] = plain_bytes  # no checkpoint between layers, compiled: a candidate too
-    plan = least_plan(planner, plan, verified, "confirmed")
   # The layers found first answer for the model as written; a search may plan deeper ones.
   first, planned_depth, decomposition = planner, layer_depth, traced.decomposition
   if search and scans:
@@ -353,13 +352,14 @@ class _SecondOpinion:
 
 def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None, refine: bool,
             verify: bool | None, measure_plan: Callable[[Plan], int],
-            second: _SecondOpinion | None = None, searchable: bool = True
-            ) -> tuple[Plan, dict[tuple[int, ...], int] | None]:
+            second: _SecondOpinion | None = None, known: Measured | None = None,
+            searchable: bool = True) -> tuple[Plan, Measured | None]:
   """The plan: the given one, the budget plan (fitted to XLA's figure unless ``verify`` is
   False), or the solver's (confirmed by default, verified among candidates with
   ``verify``; ``second``: the compiled profile's opinion, asked when XLA misses the
-  estimate); and what was compiled. ``searchable``: ``layer_depth='search'`` applies (no
-  segmented scanned stack), for the error of an infeasible budget."""
+  estimate; ``known``: plans compiled already, candidates of the confirm); and what was
+  compiled. ``searchable``: ``layer_depth='search'`` applies (no segmented scanned
+  stack), for the error of an infeasible budget."""
   if plan is not None:
     planner.validate(plan)
     return plan, {plan.checkpoints: measure_plan(plan)} if verify is not False else None
@@ -370,9 +370,9 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
   plan = planner.solve(method, refine)
   if verify and method == "optimal":  # what the default compiles, then the candidates
     return verify_plan(planner, plan, measure_plan,
-                       known=confirm_plan(planner, plan, measure_plan, second)[1])
+                       known=confirm_plan(planner, plan, measure_plan, second, known)[1])
   if verify is None and method == "optimal":
-    return confirm_plan(planner, plan, measure_plan, second)
+    return confirm_plan(planner, plan, measure_plan, second, known)
   if verify is not False:  # another solver's plan, as asked: compiled once, for the report
     return plan, {plan.checkpoints: measure_plan(plan)}
   return plan, None

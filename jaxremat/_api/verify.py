@@ -77,9 +77,11 @@ def shortlist(planner: Planner, plan: Plan, limit: int = MAX_COMPILES,
 
 
 def confirm_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], int],
-                 second_opinion: Callable[[], tuple[Plan, ...]] | None = None
-                 ) -> tuple[Plan, Measured]:
-  """Compiles ``plan`` and keeps XLA's least of what it compiles.
+                 second_opinion: Callable[[], tuple[Plan, ...]] | None = None,
+                 known: Measured | None = None) -> tuple[Plan, Measured]:
+  """Compiles ``plan`` and keeps XLA's least of what it compiles and of ``known`` (plans
+  compiled already, e.g. a scanned model's stacks segmented with no checkpoint between
+  layers: candidates too, but no ties of ``plan``).
 
   When XLA's footprint is within ``CONFIRM_TOLERANCE`` of the prediction, also compiles
   up to ``CONFIRM_EXTRA`` plans the prediction ties with ``plan`` (``planner.ties``: one
@@ -104,9 +106,10 @@ def confirm_plan(planner: Planner, plan: Plan, measured_bytes: Callable[[Plan], 
       last = [*_other_structure(planner, plan, found), *last][:1]
     for p in last:
       found.setdefault(p.checkpoints, measured_bytes(p))
+    found = {**(known or {}), **found}
     return least_plan(planner, plan, found, "confirmed"), found
   return verify_plan(planner, plan, measured_bytes, limit=1 + CONFIRM_EXTRA,
-                     known={plan.checkpoints: measured}, spread=True,
+                     known={**(known or {}), plan.checkpoints: measured}, spread=True,
                      prune_above=PRUNE_ABOVE + miss,
                      first=(second_opinion or planner.second_opinion)(),
                      how="confirmed")
