@@ -304,7 +304,8 @@ def test_module_runs_and_their_labels():
   names = ("embed", "(reshape)", "T/b0/LN", "T/b0/att/q", "T/b0/att/k", "T/b0/(add)",
            "T/b1/LN", "T/b1/att/q", "T/b1/(add)", "T/norm", "head")
   assert module_runs(names) == ((3, 5), (6, 9), (2, 6), (2, 10))
-  assert run_label(names[2:6]) == "T/b0 (4 layers)"
+  assert run_label(names[2:6]) == "T/b0: LN .. (add) (4 layers)"
+  assert run_label(names[6:10]) == "T: b1/LN .. norm (4 layers)"
   assert run_label(names[0:2]) == "embed .. (reshape)"
 
 

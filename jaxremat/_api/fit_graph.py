@@ -122,14 +122,16 @@ def held_at_least(candidate: Candidate) -> int:
 
 
 def run_label(names: tuple[str, ...]) -> str:
-  """A report's name for a run of layers: the module holding them all, ``Encoder/block_3
-  (18 layers)``, else ``first .. last``."""
+  """A report's name for a run of layers: the module holding them all and its first and
+  last layer in it, ``decoder: block_0 .. block_2 (3 layers)``, else ``first .. last``."""
   paths = [name.split("/")[:-1] for name in names]
   common = next((k for k in range(min(map(len, paths))) if len({p[k] for p in paths}) > 1),
                 min(map(len, paths)))
   if common == 0:
     return f"{names[0]} .. {names[-1]}"
-  return f"{'/'.join(paths[0][:common])} ({len(names)} layers)"
+  inside = lambda name: "/".join(name.split("/")[common:])  # noqa: E731
+  return (f"{'/'.join(paths[0][:common])}: {inside(names[0])} .. {inside(names[-1])} "
+          f"({len(names)} layers)")
 
 
 @functools.cache

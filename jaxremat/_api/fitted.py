@@ -13,6 +13,8 @@ from jaxremat._model.chain import Chain
 from jaxremat._model.graph import GraphChain
 from jaxremat._model.policy_plan import GroupCost, PolicyPlan
 
+_LABEL_WIDTH = 72  # characters at most of the report's layers column
+
 
 @dataclasses.dataclass(frozen=True)
 class Fitted:
@@ -72,13 +74,17 @@ class Fitted:
   def report(self) -> str:
     """What each group does, the budget, the prediction and XLA's figure, the frontier."""
     names = self.chain.names
-    lines = [f"{'layers':<40}{'option':>22}{'stored':>12}{'transient':>12}{'roofline ms':>12}"]
-    for c in self.costs:
+    labels = [names[c.group.start] if c.group.stop - c.group.start == 1
+              else run_label(names[c.group.start:c.group.stop]) for c in self.costs]
+    width = min(max([38, *map(len, labels)]) + 2, _LABEL_WIDTH)
+    lines = [f"{'layers':<{width}}{'option':>22}{'stored':>12}{'transient':>12}"
+             f"{'roofline ms':>12}"]
+    for c, label in zip(self.costs, labels):
       g = c.group
-      label = names[g.start] if g.stop - g.start == 1 else run_label(names[g.start:g.stop])
       transient = fmt_bytes(c.transient_bytes) if isinstance(self.chain, Chain) else "-"
-      label = label if len(label) < 40 else "..." + label[-36:]  # the ends tell layers apart
-      lines.append(f"{label:<40}{g.option.describe():>22}{fmt_bytes(c.stored_bytes):>12}"
+      if len(label) >= width:  # the ends tell layers apart
+        label = "..." + label[-(width - 4):]
+      lines.append(f"{label:<{width}}{g.option.describe():>22}{fmt_bytes(c.stored_bytes):>12}"
                    f"{transient:>12}{c.seconds * 1e3:>12.3f}")
     if self.named_products:
       lines.append("products kept by name (the rest of their layers is recomputed):")
