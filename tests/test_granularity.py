@@ -602,3 +602,31 @@ def test_an_auxiliary_output_joins_the_layer_it_reads(scanned):
   if not scanned:  # fit takes chains: it takes this one now
     fitted = jaxremat.fit(model.apply, params, x, 0.5)
     assert fitted.measured_total_bytes <= fitted.budget_bytes
+
+
+def test_values_computed_from_keyword_arrays_before_the_layers_are_noted():
+  """A captioner's embedding of ``tokens=`` (a keyword array) is read by the next layer,
+  so it runs in the prelude, outside the plan, held for the whole step: the decomposition
+  says so, with its bytes (batch x length x width float32)."""
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return x + nn.Dense(32)(nn.relu(nn.Dense(32)(x)))
+
+  class Captioner(nn.Module):
+    @nn.compact
+    def __call__(self, image, tokens):
+      x = nn.Embed(256, 32)(tokens) + nn.Dense(32)(image)[:, None]
+      for _ in range(3):
+        x = Block()(x)
+      return nn.Dense(256)(x)
+
+  model = Captioner()
+  image, tokens = jnp.ones((4, 16)), jnp.zeros((4, 64), jnp.int32)
+  variables = model.init(jax.random.key(0), image, tokens=tokens)
+  traced = trace(model.apply, variables, image, {"tokens": tokens})
+  assert f"1 value(s) computed from tokens= before the layers ({4 * 64 * 32 * 4} bytes)" in (
+      traced.decomposition)
+  plain = trace(lambda v, xs: model.apply(v, xs[0], tokens=xs[1]), variables, (image, tokens), {})
+  assert "computed from" not in plain.decomposition  # in the batch, the layers make it

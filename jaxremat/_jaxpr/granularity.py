@@ -20,6 +20,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+
 from jaxremat._jaxpr import compat as _compat
 from jaxremat._jaxpr.module_tree import ModuleTree, activation_bytes
 from jaxremat._jaxpr.regroup import (HOIST_SHARE, Group, attach_output_work, first_skip,
@@ -341,6 +343,28 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: Modul
     text += ("; planned as a graph: a layer reads a value made two or more layers before "
              "it (a skip connection across layers)")
   return text
+
+
+def keyword_values_note(prelude: Sequence[Any], read: set, keywords: dict[Any, str]) -> str:
+  """The note on values the layers read that the prelude computes from the model's
+  keyword arrays (``keywords``: their input variables by keyword): they run before the
+  layers, outside the plan, and are held for the whole step (a captioner's embedding of
+  ``tokens=``); ``""`` when there are none."""
+  derived: dict[Any, set[str]] = dict((v, {k}) for v, k in keywords.items())
+  for eqn in prelude:
+    sources = set().union(*(derived.get(v, set()) for v in eqn.invars
+                            if not isinstance(v, _compat.Literal)))
+    if sources:
+      derived.update((v, sources) for v in eqn.outvars)
+  held = [v for v in dict.fromkeys(v for e in prelude for v in e.outvars)
+          if v in read and v in derived
+          and not jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended)]
+  if not held:
+    return ""
+  names = sorted(set().union(*(derived[v] for v in held)))
+  size = sum(_compat.aval_bytes(v.aval) for v in held)
+  return (f"; {len(held)} value(s) computed from {', '.join(f'{k}=' for k in names)} before "
+          f"the layers ({size} bytes) run outside the plan and are held for the whole step")
 
 
 def _hoist_note(hoisted: list) -> str:

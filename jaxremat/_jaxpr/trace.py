@@ -78,6 +78,14 @@ def split_kwargs(kwargs: dict[str, Any]) -> tuple[list[Any], Any, tuple[Any, ...
   return arrays, treedef, static
 
 
+def keyword_names(kwargs: dict[str, Any]) -> list[str]:
+  """The keyword of each array leaf of ``kwargs``, in ``split_kwargs``'s order (``""`` for
+  those jaxremat passes itself: an nnx module's state)."""
+  leaves = jax.tree_util.tree_flatten_with_path(kwargs)[0]
+  names = [str(getattr(path[0], "key", path[0])) for path, x in leaves if is_array_leaf(x)]
+  return ["" if k.startswith(PRIVATE_KWARGS) else k for k in names]
+
+
 def merge_kwargs(arrays: Sequence[Any], treedef: Any, static: tuple[Any, ...]) -> dict[str, Any]:
   it = iter(arrays)
   return jax.tree_util.tree_unflatten(treedef, [next(it) if s is None else s for s in static])
@@ -257,6 +265,11 @@ def trace(
     decomposition = f"layer_depth={layer_depth} ({len(groups)} layers)"
   prelude_outputs = tuple(dict.fromkeys(v for e in prelude for v in e.outvars))
   invariant |= set(prelude_outputs)
+  decomposition += _granularity.keyword_values_note(
+      prelude, {v for _, g in groups for e in g for v in e.invars
+                if not isinstance(v, _compat.Literal)},
+      {v: k for v, k in zip(input_vars[len(params_leaves) + len(batch_leaves):],
+                            keyword_names(kwargs)) if k})
   if not groups:
     raise EmptyModelError(
         "the model has no layers: its outputs do not depend on the batch through any "
