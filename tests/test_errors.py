@@ -280,6 +280,17 @@ CASES = [
          lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, 0.5, budget_bytes=10**6),
          jaxremat.InvalidArgumentError, r"fit\(\) got budget_bytes=1000000.*jaxremat\.apply's "
          r"budget; fit's is memory_budget, its fourth argument"),
+    Case("fit-given-budget-bytes-alone",  # a user's trial: it said memory_budget was missing
+         lambda: jaxremat.fit(mlp()[0].apply, mlp()[1], X, budget_bytes=2**25),
+         jaxremat.InvalidArgumentError, r"fit\(\) got budget_bytes=33554432.*fit's is "
+         r"memory_budget"),
+    Case("fit-nnx-without-budget", lambda: jaxremat.fit_nnx(NnxMLP(nnx.Rngs(0)), X),
+         jaxremat.InvalidArgumentError,
+         r"fit_nnx\(model, batch, memory_budget\) was called without memory_budget"),
+    Case("params-batch-swapped", lambda: jaxremat.apply(mlp()[0].apply, X, mlp()[1]),
+         jaxremat.InvalidArgumentError,
+         r"batch is a dict with a 'params' entry .* and params is a float32\[2, 4\] array: "
+         r"params and batch look swapped.*jaxremat\.apply\(model\.apply, variables, x\)"),
     Case("plan-not-a-plan", lambda: apply_mlp(plan=(1, 2)),
          jaxremat.InvalidArgumentError, r"plan must be a jaxremat.Plan, got tuple"),
     Case("layer-depth-negative", lambda: apply_mlp(layer_depth=-1),
@@ -691,3 +702,15 @@ def test_layer_depth_search_names_the_option_it_does_not_take(option):
   given = next(iter(option))
   with pytest.raises(jaxremat.InvalidArgumentError, match=f"does not take {given}"):
     apply_mlp(layer_depth="search", **option)
+
+
+@pytest.mark.parametrize("keyword, option", [("budget", "budget_bytes"), ("loss", "loss_fn"),
+                                             ("wrt", "a keyword array")])
+def test_a_misspelled_option_the_model_refuses_is_named(keyword, option):
+  """A user's trial: budget=, loss= and wrt= went on to the model, whose TypeError said
+  nothing of jaxremat's options; its note names the option meant."""
+  model, params, _ = mlp()
+  with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'") as info:
+    jaxremat.apply(model.apply, params, X, **{keyword: 1})
+  notes = "\n".join(getattr(info.value, "__notes__", []))
+  assert f"{keyword}= " in notes and option in notes

@@ -166,8 +166,9 @@ def apply(
     the table in docs/errors.md lists each case.
   """
   checks.check_model_fn(model_fn)
-  checks.check_given("apply(model_fn, params, batch)", batch=batch)
   checks.check_budget_keyword(model_kwargs, "apply")
+  checks.check_given("apply(model_fn, params, batch)", batch=batch)
+  checks.check_not_swapped(params, batch, "jaxremat.apply(model.apply, variables, x)")
   checks.check_loss_fn(loss_fn)
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
@@ -189,7 +190,8 @@ def apply(
   resolved = get_target(target)
   clock = Stopwatch()
   with clock("trace"):
-    traced = checks.traced_model(model_fn, params, batch, model_kwargs, layer_depth, loss_fn)
+    traced = checks.traced_model(model_fn, params, batch, model_kwargs, layer_depth, loss_fn,
+                                  apply)
   key = input_key(params, batch, model_kwargs)
 
   footprints: dict[tuple[Any, ...], int] = {}  # XLA's, by program: none compiled twice

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import warnings
+import collections.abc
+import difflib
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -30,16 +33,46 @@ class BatchAxisWarning(UserWarning):
 
 def traced_model(model_fn: Callable[..., Any], params: Any, batch: Any,
                  model_kwargs: dict[str, Any], layer_depth: int | None,
-                 loss_fn: Any) -> TracedChain:
+                 loss_fn: Any, entry: Callable[..., Any]) -> TracedChain:
   """The model traced into layers, after the checks its parameters and trace allow:
   float parameters, float outputs, a loss that takes them, and the batch's first axis in
-  an output (``BatchAxisWarning``)."""
+  an output (``BatchAxisWarning``). ``entry``: the caller (``apply``, ``fit``), whose
+  options a keyword the model refuses may be a misspelling of."""
   check_float_params(params)
-  traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  try:
+    traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
+  except TypeError as err:
+    note = _option_note(str(err), model_kwargs, entry)
+    if note:
+      err.add_note(note)
+    raise
   check_float_output(traced)
   check_loss_output(traced, model_kwargs, loss_fn)
   _warn_if_unbatched(traced, batch)
   return traced
+
+
+def _option_note(message: str, model_kwargs: dict[str, Any], entry: Callable[..., Any]
+                 ) -> str | None:
+  """Where the model refused a keyword it was given (``message``: its ``TypeError``) that
+  is near an option of ``entry`` (``budget=`` for ``budget_bytes=``) or is ``wrt=``, the
+  note that says so; else None."""
+  found = re.search(r"unexpected keyword argument '(\w+)'", message)
+  if not found or found.group(1) not in model_kwargs:
+    return None
+  name, caller = found.group(1), f"jaxremat.{entry.__name__}"
+  if name == "wrt":
+    return (f"jaxremat: wrt= is apply_nnx's and fit_nnx's option, so {caller} passed it to "
+            "the model. With model_fn, params is what the training step differentiates: "
+            "pass parameters that are not trained (a LoRA model's frozen base) as a keyword "
+            "array instead (docs/usage.md, 'Training part of the parameters').")
+  options = [p.name for p in inspect.signature(entry).parameters.values()
+             if p.kind is p.KEYWORD_ONLY]
+  close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+  if not close:
+    return None
+  return (f"jaxremat: {name}= is not an option of {caller}, so it was passed to the model "
+          f"as one of its own keyword arguments: did you mean {close[0]}=?")
 
 
 def check_loss_fn(loss_fn: Any) -> None:
@@ -138,6 +171,20 @@ def check_given(entry: str, **arguments: Any) -> None:
     raise InvalidArgumentError(
         f"{entry} was called without {', '.join(missing)}: pass every one of its "
         "positional arguments.")
+
+
+def check_not_swapped(params: Any, batch: Any, call: str) -> None:
+  """Rejects a call whose batch is a Flax variables dict (a mapping with ``'params'``)
+  while params is not: the two were passed the other way round (``apply(model.apply, x,
+  variables)``), which the model would meet as an int batch or a failed lookup deep in
+  JAX. ``call``: the right call, e.g. ``"jaxremat.apply(model.apply, variables, x)"``."""
+  def variables(tree: Any) -> bool:
+    return isinstance(tree, collections.abc.Mapping) and "params" in tree
+  if variables(batch) and not variables(params):
+    got = _described(params) if is_array_leaf(params) else f"a {type(params).__name__}"
+    raise InvalidArgumentError(
+        f"batch is a dict with a 'params' entry (a Flax variables dict) and params is {got}: "
+        f"params and batch look swapped. The variables come first, then the batch: {call}.")
 
 
 def check_budget_keyword(model_kwargs: dict[str, Any], entry: str) -> None:

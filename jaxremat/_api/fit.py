@@ -120,10 +120,12 @@ def fit(
   """
   checks.check_model_fn(model_fn, "fit_nnx(model, batch, memory_budget)",
                         "fit(model.apply, params, batch, memory_budget)")
+  checks.check_budget_keyword(model_kwargs, "fit")
   checks.check_given("fit(model_fn, params, batch, memory_budget)", batch=batch,
                      memory_budget=memory_budget)
+  checks.check_not_swapped(params, batch,
+                           "jaxremat.fit(model.apply, variables, x, memory_budget)")
   checks.check_loss_fn(loss_fn)
-  checks.check_budget_keyword(model_kwargs, "fit")
   checks.check_arrays("params", params)
   checks.check_arrays("batch", batch)
   checks.check_options(None, layer_depth)
@@ -136,7 +138,8 @@ def fit(
   timed = checks.check_time_steps(time_steps, verify, resolved, params, batch)
   clock = Stopwatch()
   with clock("trace"):
-    traced = checks.traced_model(model_fn, params, batch, model_kwargs, layer_depth, loss_fn)
+    traced = checks.traced_model(model_fn, params, batch, model_kwargs, layer_depth, loss_fn,
+                                  fit)
   key = input_key(params, batch, model_kwargs)
   arrays = split_kwargs(model_kwargs)[0]  # arguments of the compiled steps
   written = traced

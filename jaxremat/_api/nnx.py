@@ -40,7 +40,7 @@ _SCOPES: contextvars.ContextVar[dict[Any, str]] = contextvars.ContextVar("jaxrem
 @checks.positional("model", "batch")
 def apply_nnx(
     model: nnx.Module,
-    batch: Any,
+    batch: Any = checks.REQUIRED,
     *,
     wrt: Any = nnx.Param,
     **kwargs: Any,
@@ -106,14 +106,16 @@ def apply_nnx(
     NotAChainError, EmptyModelError, UnsupportedModelError, and the other errors of
       ``jaxremat.apply``.
   """
+  checks.check_budget_keyword(kwargs, "apply")
+  checks.check_given("apply_nnx(model, batch)", batch=batch)
   return _planned(apply, _APPLY_OPTIONS, model, batch, (), wrt, kwargs)
 
 
 @checks.positional("model", "batch", "memory_budget")
 def fit_nnx(
     model: nnx.Module,
-    batch: Any,
-    memory_budget: float | int,
+    batch: Any = checks.REQUIRED,
+    memory_budget: float | int = checks.REQUIRED,
     *,
     wrt: Any = nnx.Param,
     **kwargs: Any,
@@ -138,6 +140,9 @@ def fit_nnx(
   Raises:
     InvalidArgumentError: as for ``apply_nnx``; and the errors of ``jaxremat.fit``.
   """
+  checks.check_budget_keyword(kwargs, "fit")
+  checks.check_given("fit_nnx(model, batch, memory_budget)", batch=batch,
+                     memory_budget=memory_budget)
   return _planned(fit, _FIT_OPTIONS, model, batch, (memory_budget,), wrt, kwargs)
 
 
