@@ -1,5 +1,6 @@
 """jaxremat.apply end to end: the drop-in gives the same outputs and gradients as the model."""
 
+import functools
 import warnings
 
 import flax.linen as nn
@@ -373,3 +374,49 @@ def test_a_batch_without_its_batch_axis_is_warned_of():
   with warnings.catch_warnings():
     warnings.simplefilter("error", jaxremat.BatchAxisWarning)
     jaxremat.apply(model.apply, params, batched, verify=False)
+
+
+class _LoRADense(nn.Module):
+  """A frozen kernel (collection 'params') and a rank-2 adapter (collection 'lora')."""
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features))
+    a = self.variable("lora", "a", lambda: 0.1 * jnp.ones((x.shape[-1], 2))).value
+    b = self.variable("lora", "b", lambda: 0.1 * jnp.ones((2, self.features))).value
+    return nn.gelu(x @ kernel + (x @ a) @ b)
+
+
+class _LoRAStack(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for _ in range(4):
+      x = _LoRADense(256)(x)
+    return x
+
+
+def test_frozen_parameters_passed_as_a_keyword_array_are_not_differentiated():
+  """LoRA as docs/usage.md writes it: the adapters are params, the frozen base a keyword
+  array. The base's gradients are then not in the plan's fixed bytes (its training step
+  differentiates the adapters alone), and gradients through ``r.fn`` are the plain ones."""
+  model, x = _LoRAStack(), jax.random.normal(KEY, (64, 256))
+  variables = model.init(KEY, x)
+  base, lora = variables["params"], variables["lora"]
+
+  def lora_apply(lora, x, base):
+    return model.apply({"params": base, "lora": lora}, x)
+
+  r = jaxremat.apply(lora_apply, lora, x, base=base)
+  every = jaxremat.apply(model.apply, {"params": base, "lora": lora}, x)
+  base_bytes = sum(np.asarray(leaf).nbytes for leaf in jax.tree_util.tree_leaves(base))
+  assert every.fixed_bytes - r.fixed_bytes == base_bytes  # the base's gradients
+  assert r.measured_total_bytes < every.measured_total_bytes
+
+  def loss(fn, lora):
+    return jnp.mean(fn(lora, x, base=base) ** 2)
+
+  want, got = jax.grad(functools.partial(loss, lora_apply))(lora), jax.grad(
+      functools.partial(loss, r.fn))(lora)
+  for w, g in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
