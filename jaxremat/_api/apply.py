@@ -86,7 +86,8 @@ def apply(
       compiles (below), then up to ``MAX_COMPILES - 1`` candidates predicted within 10%
       of the least (model R's and model A's optima, the best uniform plans, the
       estimate's near ties), and keep the one XLA measures smallest (within 0.1%, the
-      one that recomputes least): never above the default's plan; with
+      one that recomputes least; within 1%, one that recomputes at least 1% fewer
+      FLOPs): never above the default's plan but by that trade; with
       ``scan_segment="auto"``, first measure every segment length of each scanned stack.
       With ``budget_bytes``, instead tighten the plan until XLA's footprint fits. With
       ``plan``, measure that plan only. The figures are kept in ``Remat.verified``.

@@ -166,7 +166,10 @@ class ChainPlanner:
     return self.fixed_bytes + self.temp_bytes(plan)
 
   def recompute_flops(self, plan: Plan) -> int:
-    return recompute_flops(self.chain, plan)
+    """FLOPs ``plan`` recomputes: its layers', and each segmented scanned stack's blocks
+    once more (each segment's forward again in the backward pass), whatever the plan."""
+    return recompute_flops(self.chain, plan) + sum(
+        sum(s.chain.flops) for s in self.scans if s.rematerialised)
 
   def candidates(self, plan: Plan) -> list[Plan]:
     """Plans worth a compile beside ``plan``: model R's optimum, the best uniform plans by
@@ -298,6 +301,11 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
     chain = prof.chain
     fixed = (_sharding.tree_device_bytes((params, batch, arrays))
              + _sharding.tree_device_bytes(params, floats_only=True))
+  if scans:  # XLA's cost analysis counts a loop's body once: a stack's forward is its blocks'
+    flops = list(chain.flops)
+    for s in scans:
+      flops[s.layer] = sum(s.chain.flops)
+    chain = dataclasses.replace(chain, flops=tuple(flops))
   return ChainPlanner(chain, prof.buffers, fixed, scans,
                       compiled(traced, chain_kept(chain.act_bytes)) if compiled else None)
 

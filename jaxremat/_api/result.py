@@ -183,8 +183,9 @@ class Remat:
                  f"{fmt_bytes(self.fixed_bytes)}; predicted by the {self.profile} profile")
     scale = planner.temp_scale if isinstance(planner, ChainPlanner) else 1.0
     if f"{scale:.2f}" != "1.00":
-      lines.append(f"the estimate's temp bytes x{scale:.2f}: XLA's step as written over the "
-                   "estimate's")
+      lines.append(f"predicted totals scale the estimate's temp bytes by {scale:.2f}, so "
+                   "that the model as written is predicted as XLA measured it (model-R peaks "
+                   "are unscaled)")
     plans = planner.reported_plans(plan)
     if self.scans:
       lines.append("every strategy runs the scanned stacks segmented (below); 'none' places "
@@ -238,8 +239,8 @@ class Remat:
     for s in self.scans:
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "
-          f"{s.segment}{' (the checkpointed block itself)' if s.block else ''} (model-R peak "
-          f"{fmt_bytes(s.peak_bytes)}; optimal plan "
-          f"{fmt_bytes(s.optimal_peak_bytes)}; with no checkpoint inside it "
-          f"{fmt_bytes(peak_bytes(s.chain, Plan()))})")
+          f"{s.segment}{' (the checkpointed block itself)' if s.block else ''}; model R's "
+          f"peak of the stack alone, as a chain of its blocks (not of the whole step): "
+          f"{fmt_bytes(s.peak_bytes)} so segmented, {fmt_bytes(s.optimal_peak_bytes)} at its "
+          f"optimum, {fmt_bytes(peak_bytes(s.chain, Plan()))} with no checkpoint inside it")
     return "\n".join(lines)
