@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
-import warnings
 import collections.abc
 import difflib
+import re
+import warnings
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
