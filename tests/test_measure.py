@@ -116,11 +116,13 @@ def test_verify_keeps_the_candidate_xla_measures_smallest(cnn):
   r = jaxremat.apply(model.apply, params, x, verify=True)
   assert r.verified and len(r.verified) >= 2
   least = min(r.verified.values())
-  close = [c for c, b in r.verified.items() if b <= least * 1.001]  # one figure within 0.1%
-  assert r.plan.checkpoints in close
-  recompute = {c: jaxremat.recompute_flops(r.chain, jaxremat.Plan(c)) for c in close}
-  assert recompute[r.plan.checkpoints] == min(recompute.values())
-  assert jaxremat.measure(_loss(r.fn), params, x).total_bytes <= least * 1.001
+  within = [c for c, b in r.verified.items() if b <= least * 1.01]  # 1%: worth less recompute
+  assert r.plan.checkpoints in within
+  recompute = {c: jaxremat.recompute_flops(r.chain, jaxremat.Plan(c)) for c in within}
+  # no plan within 1% of the least recomputes 1% fewer FLOPs than the one kept
+  assert all(recompute[c] > 0.99 * recompute[r.plan.checkpoints] or c == r.plan.checkpoints
+             for c in within)
+  assert jaxremat.measure(_loss(r.fn), params, x).total_bytes <= least * 1.01
 
 
 def test_footprints_a_few_bytes_apart_are_one_figure_and_recompute_decides():
@@ -129,7 +131,9 @@ def test_footprints_a_few_bytes_apart_are_one_figure_and_recompute_decides():
   measured = {(2, 4): 16_304_984, (2, 5): 16_304_968, (3,): 17_000_000}
   recompute = {(2, 4): 5.5e8, (2, 5): 6.5e8, (3,): 1e8}
   assert _least_measured(measured, recompute.__getitem__) == (2, 4)  # 16 B more, less work
-  measured[(2, 5)] = 16_200_000  # 0.6% less: the bytes decide
+  measured[(2, 5)] = 16_200_000  # 0.6% less for 18% more recompute: not worth it
+  assert _least_measured(measured, recompute.__getitem__) == (2, 4)
+  measured[(2, 5)] = 16_000_000  # 1.9% less: the bytes decide
   assert _least_measured(measured, recompute.__getitem__) == (2, 5)
 
 
