@@ -22,8 +22,8 @@ from jaxremat._api.planner import (ChainPlanner, Planner, check_budget_method,
                                    sharded_inputs)
 from jaxremat._api.result import AS_WRITTEN, Remat
 from jaxremat._api.stopwatch import Stopwatch
-from jaxremat._api.verify import (CONFIRM_EXTRA, Measured, confirm_plan, fit_budget,
-                                  measured_segments, verify_plan)
+from jaxremat._api.verify import (Measured, confirm_plan, fit_budget, measured_segments,
+                                  verify_plan)
 from jaxremat._backends.plain_step import PlainStep, compile_plain_step
 from jaxremat._backends.replay import Replay, chain_kept
 from jaxremat._backends.targets import Target, get_target
@@ -336,7 +336,7 @@ class _SecondOpinion:
                refine: bool):
     self._estimate, self._traced, self._compiled, self._refine = estimate, traced, compiled, refine
     self._planner: ChainPlanner | None = None
-    self._plans: tuple[Plan, ...] = ()
+    self._plan: Plan | None = None
 
   def planner(self) -> ChainPlanner:
     if self._planner is None:
@@ -344,20 +344,13 @@ class _SecondOpinion:
       self._planner = dataclasses.replace(self._estimate, replay=replay)
     return self._planner
 
-  def __call__(self, estimated: Plan) -> tuple[Plan, ...]:
-    """The compiled profile's optimal plan; where it is ``estimated`` (the estimate's,
-    which XLA missed), the plans it predicts as ties of it (a user's LoRA GPT: the
-    estimate's plan 28.40 MiB, predicted 10.9% high; the compiled profile's tie of it one
-    checkpoint more, 26.40 MiB, what layer_depth='search' reached)."""
-    planner = self.planner()
-    optimum = planner.solve("optimal", self._refine)
-    self._plans = (optimum,) if optimum.checkpoints != estimated.checkpoints else tuple(
-        planner.ties(optimum, CONFIRM_EXTRA - 1))
-    return self._plans
+  def __call__(self) -> tuple[Plan, ...]:
+    self._plan = self.planner().solve("optimal", self._refine)
+    return (self._plan,)
 
   def proposed(self, plan: Plan) -> bool:
-    """Whether ``plan`` is one the compiled profile proposed, asked for."""
-    return any(plan.checkpoints == p.checkpoints for p in self._plans)
+    """Whether ``plan`` is the compiled profile's, asked for."""
+    return self._plan is not None and plan.checkpoints == self._plan.checkpoints
 
 
 def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None, refine: bool,
@@ -379,12 +372,10 @@ def _choose(planner: Planner, plan: Plan | None, method: str, budget: int | None
     return planner.solve_budget(budget), None
   plan = planner.solve(method, refine)
   if verify and method == "optimal":  # what the default compiles, then the candidates
-    opinion = functools.partial(second, plan) if second else None
     return verify_plan(planner, plan, measure_plan,
-                       known=confirm_plan(planner, plan, measure_plan, opinion, known)[1])
+                       known=confirm_plan(planner, plan, measure_plan, second, known)[1])
   if verify is None and method == "optimal":
-    opinion = functools.partial(second, plan) if second else None
-    return confirm_plan(planner, plan, measure_plan, opinion, known)
+    return confirm_plan(planner, plan, measure_plan, second, known)
   if verify is not False:  # another solver's plan, as asked: compiled once, for the report
     return plan, {plan.checkpoints: measure_plan(plan)}
   return plan, None
