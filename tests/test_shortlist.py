@@ -4,7 +4,6 @@ import types
 
 import pytest
 
-from jaxremat._api.apply import _SecondOpinion
 from jaxremat._api.planning import tighten
 from jaxremat._api.verify import (CONFIRM_EXTRA, SWEEP_COMPILES, SWEEP_WITHIN, confirm_plan,
                                   fit_budget, least_measured, shortlist, sweep_uniform)
@@ -360,15 +359,3 @@ def test_least_measured_trades_under_one_percent_of_memory_for_less_recompute(
     measured, recompute, want):
   assert least_measured(measured, recompute.__getitem__) == want
 
-
-def test_the_second_opinion_proposes_its_ties_where_its_optimum_is_the_estimates():
-  """A user's LoRA GPT: the compiled profile's optimum was the estimate's plan XLA missed;
-  its ties (one checkpoint more) were the plans XLA measured least."""
-  ties = [Plan((3, 4, 5, 8)), Plan((3, 4, 5, 9, 10))]
-  replayed = types.SimpleNamespace(solve=lambda method, refine: Plan((3, 4, 5)),
-                                   ties=lambda plan, count: ties[:count])
-  opinion = _SecondOpinion(None, None, None, refine=True)
-  opinion._planner = replayed
-  assert opinion(Plan((3, 4, 5))) == tuple(ties[:CONFIRM_EXTRA - 1])
-  assert opinion.proposed(Plan((3, 4, 5, 8))) and not opinion.proposed(Plan((3, 4, 5)))
-  assert opinion(Plan((2, 4))) == (Plan((3, 4, 5)),)  # another plan: its optimum alone
