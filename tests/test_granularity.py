@@ -58,7 +58,8 @@ def test_default_layers_are_the_blocks(name):
 def test_decomposition_is_recorded_with_its_reasons():
   vit = _setup("vit")[3].decomposition
   assert vit.startswith("descended into 'Transformer' (98% of the activation bytes): 9 layers")
-  assert "kept whole: 'Transformer/encoderblock_0' and the other one like it" in vit
+  assert ("kept whole: 'Transformer/encoderblock_0' and those like it "
+          "('Transformer/encoderblock_1')") in vit
   resnet = _setup("resnet")[3].decomposition
   assert "'layer1'" in resnet and "'layer2'" in resnet  # the second stage as the first's kind
   lm1b = _setup("lm1b")[3]

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from jaxremat._api import checks
-from jaxremat._api.advice import coarse_reason, one_layer_hint
+from jaxremat._api.advice import coarse_reason, loops_hold_residuals, one_layer_hint
 from jaxremat._api.dropin import DropIn, input_key, policy_drop_in
 from jaxremat._api.memory_budget import (budget_in_bytes, budget_read_as, check_memory_budget,
                                          is_share)
@@ -269,7 +269,8 @@ def fit(
                         coarse_reason(planner, traced, segmented))
     deeper = ("; jaxremat.apply(..., layer_depth='search') (apply_nnx for an nnx module), "
               "which plans below these layers too and keeps what XLA measures least, may "
-              "reach less" if not segmented else "")
+              "reach less" if not segmented and not loops_hold_residuals(
+                  planner, traced, segmented) else "")
     raise _infeasible(budget, min(compiled), f"XLA-measured, the least of the {len(compiled)} "
                       f"plans fit compiled{deeper}", traced,
                       read_as, coarse_reason(planner, traced, segmented))

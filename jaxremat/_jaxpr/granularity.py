@@ -332,9 +332,10 @@ def _describe(split: list[Key], kept: list[Key], modules: list[Key], tree: Modul
     text += f"; a layer per call of {', '.join(called)}"
   whole = []
   for key in kept:
-    alike = sum(1 for k in dict.fromkeys(modules) if k != key and _kind(k) == _kind(key))
-    others = "the other one" if alike == 1 else f"the {alike} others"
-    whole.append(f"'{path(key)}'" + (f" and {others} like it" if alike else ""))
+    alike = [f"'{path(k)}'" for k in dict.fromkeys(modules)
+             if k != key and _kind(k) == _kind(key)]
+    others = ", ".join(alike[:3]) + (f" and {len(alike) - 3} more" if len(alike) > 3 else "")
+    whole.append(f"'{path(key)}'" + (f" and those like it ({others})" if alike else ""))
   if whole:
     text += (f"; kept whole: {', '.join(whole)} (were they split into their children, a "
              "layer would read a value made two or more layers before it: a residual "
