@@ -251,7 +251,7 @@ def apply(
       plain_bytes = measured(Plan(), written)
   planner = scale_estimate(planner, plain_bytes)
   # the stacks segmented with no checkpoint between layers, compiled: a candidate too
-  known = {(): plain_bytes} if scans and plain_bytes is not None else None
+  known: Measured | None = {(): plain_bytes} if scans and plain_bytes is not None else None
   with clock("solve"):
     plan, verified = _choose(planner, plan, method, budget, refine, verify, measure_plan,
                              second, known, searchable=not scans)
