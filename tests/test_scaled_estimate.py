@@ -55,7 +55,8 @@ def test_apply_scales_the_estimate_to_the_step_as_written():
   assert r.as_written_bytes is not None
   assert planner.total_bytes(Plan()) == r.as_written_bytes  # XLA:CPU's f32 copies counted
   assert planner.temp_scale > 1.2
-  assert f"x{planner.temp_scale:.2f}: XLA's step as written" in r.report()
+  assert (f"scale the estimate's temp bytes by {planner.temp_scale:.2f}, so that the model as "
+          "written is predicted as XLA measured it") in r.report()
   unscaled = jaxremat.apply(model.apply, params, x, verify=False)._model  # nothing compiled
   assert unscaled.temp_scale == 1.0
   assert planner.solve("optimal") == unscaled.solve("optimal")
