@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import collections.abc
 import difflib
+import functools
+import inspect
 import re
 import warnings
 from collections.abc import Callable

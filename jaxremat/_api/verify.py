@@ -50,8 +50,9 @@ def least_measured(measured: Measured,
   least = min(measured.values())
   key = lambda c: (recompute(c), measured[c], len(c))  # noqa: E731
   best = min((c for c in measured if _same(measured[c], least)), key=key)
-  cheaper = [c for c in measured if measured[c] <= least * (1 + RECOMPUTE_TRADE)
-             and recompute(c) <= recompute(best) * (1 - RECOMPUTE_TRADE)]
+  bound = recompute(best) * (1 - RECOMPUTE_TRADE)
+  cheaper = [c for c in measured
+             if measured[c] <= least * (1 + RECOMPUTE_TRADE) and recompute(c) <= bound]
   return min(cheaper, key=key) if cheaper else best
 
 

@@ -351,7 +351,7 @@ def keyword_values_note(prelude: Sequence[Any], read: set, keywords: dict[Any, s
   keyword arrays (``keywords``: their input variables by keyword): they run before the
   layers, outside the plan, and are held for the whole step (a captioner's embedding of
   ``tokens=``); ``""`` when there are none."""
-  derived: dict[Any, set[str]] = dict((v, {k}) for v, k in keywords.items())
+  derived: dict[Any, set[str]] = {v: {k} for v, k in keywords.items()}
   for eqn in prelude:
     sources = set().union(*(derived.get(v, set()) for v in eqn.invars
                             if not isinstance(v, _compat.Literal)))
