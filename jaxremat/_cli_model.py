@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxremat._errors import InvalidArgumentError
-from jaxremat._jaxpr.trace import missing_inputs, model_callee
+from jaxremat._jaxpr.raised import missing_inputs, model_callee
 
 
 def load_model(spec: str, command: str = "plan") -> Any:

@@ -19,7 +19,7 @@ import jaxremat
 from jaxremat import _bench
 from jaxremat._cli_model import model_inputs
 from jaxremat._demo import DEMO_MODELS, format_demo, run_demo
-from jaxremat._jaxpr.trace import asks_for_integers, flax_missing
+from jaxremat._jaxpr.raised import asks_for_integers, flax_missing
 from jaxremat.solvers import SOLVERS
 
 

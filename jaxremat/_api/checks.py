@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import collections.abc
-import difflib
 import functools
 import inspect
-import re
 import warnings
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -21,7 +19,8 @@ from jaxremat._backends.targets import Target
 from jaxremat._errors import (EmptyModelError, InvalidArgumentError, InvalidBudgetError,
                               UnsupportedModelError)
 from jaxremat._jaxpr import compat as _compat
-from jaxremat._jaxpr.trace import TracedChain, is_array_leaf, trace, tree_shapes
+from jaxremat._jaxpr.raised import option_note, tree_shapes
+from jaxremat._jaxpr.trace import TracedChain, is_array_leaf, trace
 from jaxremat._model.chain import Plan
 from jaxremat.solvers._budget import budget_as_int
 
@@ -42,7 +41,9 @@ def traced_model(model_fn: Callable[..., Any], params: Any, batch: Any,
   try:
     traced = trace(model_fn, params, batch, model_kwargs, layer_depth)
   except TypeError as err:
-    note = _option_note(str(err), model_kwargs, entry)
+    options = [p.name for p in inspect.signature(entry).parameters.values()
+               if p.kind is p.KEYWORD_ONLY]
+    note = option_note(str(err), model_kwargs, f"jaxremat.{entry.__name__}", options)
     if note:
       err.add_note(note)
     raise
@@ -50,29 +51,6 @@ def traced_model(model_fn: Callable[..., Any], params: Any, batch: Any,
   check_loss_output(traced, model_kwargs, loss_fn)
   _warn_if_unbatched(traced, batch)
   return traced
-
-
-def _option_note(message: str, model_kwargs: dict[str, Any], entry: Callable[..., Any]
-                 ) -> str | None:
-  """Where the model refused a keyword it was given (``message``: its ``TypeError``) that
-  is near an option of ``entry`` (``budget=`` for ``budget_bytes=``) or is ``wrt=``, the
-  note that says so; else None."""
-  found = re.search(r"unexpected keyword argument '(\w+)'", message)
-  if not found or found.group(1) not in model_kwargs:
-    return None
-  name, caller = found.group(1), f"jaxremat.{entry.__name__}"
-  if name == "wrt":
-    return (f"jaxremat: wrt= is apply_nnx's and fit_nnx's option, so {caller} passed it to "
-            "the model. With model_fn, params is what the training step differentiates: "
-            "pass parameters that are not trained (a LoRA model's frozen base) as a keyword "
-            "array instead (docs/usage.md, 'Training part of the parameters').")
-  options = [p.name for p in inspect.signature(entry).parameters.values()
-             if p.kind is p.KEYWORD_ONLY]
-  close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
-  if not close:
-    return None
-  return (f"jaxremat: {name}= is not an option of {caller}, so it was passed to the model "
-          f"as one of its own keyword arguments: did you mean {close[0]}=?")
 
 
 def check_loss_fn(loss_fn: Any) -> None:

@@ -15,7 +15,8 @@ from jaxremat._errors import InputMismatchError, InvalidArgumentError, JaxrematE
 from jaxremat._jaxpr import scan as _scan
 from jaxremat._jaxpr.emit import emit
 from jaxremat._jaxpr.regroup import own_work_path
-from jaxremat._jaxpr.trace import PRIVATE_KWARGS, RAISED_NOTE, TracedChain, split_kwargs, trace
+from jaxremat._jaxpr.raised import RAISED_NOTE
+from jaxremat._jaxpr.trace import PRIVATE_KWARGS, TracedChain, split_kwargs, trace
 from jaxremat._model.chain import Plan
 from jaxremat._model.policy_plan import PolicyPlan
 
