@@ -98,8 +98,9 @@ def scan_stack(w, x):
   return jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)[0]
 
 
-def reverse_scan_stack(w, x):
-  return jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w, reverse=True)[0]
+def scan_carrying_a_count(w, x):
+  """The carry counts layers; the activation enters every layer from outside the loop."""
+  return jax.lax.scan(lambda c, wi: (c + 1.0, jnp.tanh(x @ wi)), jnp.zeros(()), w)[1].sum(0)
 
 
 def apply_to(model, x=X, **kwargs):
@@ -368,8 +369,8 @@ CASES = [
          jaxremat.UnsupportedModelError, "computes a gradient itself"),
     Case("graph-with-chain-method", lambda: apply_to(SkipAcrossLayers(), method="multilevel"),
          jaxremat.NotAChainError, r"plans such a model as a graph.*method='multilevel' is not"),
-    Case("scan-reverse", lambda: jaxremat.apply(reverse_scan_stack, STACK, X[:, :4]),
-         jaxremat.UnsupportedScanError, "reverse"),
+    Case("scan-carry-not-activation", lambda: jaxremat.apply(scan_carrying_a_count, STACK, X[:, :4]),
+         jaxremat.UnsupportedScanError, "carry does not depend on the batch"),
     Case("scan-segment-not-divisor", lambda: jaxremat.apply(scan_stack, STACK, X[:, :4], scan_segment=3),
          jaxremat.UnsupportedScanError, "does not divide the 4"),
     # Methods and budgets.

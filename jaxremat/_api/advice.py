@@ -165,8 +165,8 @@ def unreached_loops(planner: Planner, traced: TracedChain,
   """``loop_hint`` where layers running loops jaxremat does not segment, none of whose
   bodies runs under a checkpoint, hold over ``DOMINANT`` of the residual bytes: each step
   of them keeps its residuals whatever the plan, and ``nn.remat`` on the body reaches them
-  (a user's LSTM LM: the plan saved 10%, 98.12 -> 88.17 MiB, nn.RNN(nn.remat(Cell)) 45%,
-  54.12 MiB); else ``""``."""
+  (a user's LSTM LM, before jaxremat segmented RNNs over time: the plan saved 10%, 98.12
+  -> 88.17 MiB, nn.RNN(nn.remat(Cell)) 45%, 54.12 MiB); else ``""``."""
   loops = loop_layers(traced, segmented)
   if (not loops_hold_residuals(planner, traced, segmented)
       or any(_loop_body_remat(traced.layers[i]) for i in loops)):
@@ -214,17 +214,16 @@ def loop_hint(names: list[str], share: float, body_remat: bool = False) -> str:
   loops' bodies run under a checkpoint already)."""
   listed = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
   held = ((f"layer {listed} holds" if len(names) == 1 else f"layers {listed} hold")
-          + f" {share:.0%} of the residual bytes in loops (an nn.RNN over time, "
-          "jax.lax.scan, fori_loop or while_loop) that jaxremat does not split")
+          + f" {share:.0%} of the residual bytes in loops (a fori_loop, while_loop, or a "
+          "scan without xs) that jaxremat does not split")
   if body_remat:
     return (held + ". Their bodies are rematerialised already (jax.checkpoint or nn.remat "
             "inside), so each step keeps its carry alone: to keep fewer, run the loop as an "
             "outer loop over chunks of steps, each chunk under jax.checkpoint, or shorten "
-            "the sequence or the batch.")
-  return (held + ": it segments a scan whose carry is the activation and whose xs are "
-          "stacked parameters (nn.scan's form). Wrap the loop's body in jax.checkpoint to "
-          "keep only its carry per step (an RNN's cell: nn.RNN(nn.remat(Cell)(...))), or "
-          "scan over stacked parameters.")
+            "the loop or the batch.")
+  return (held + ": it segments scans over stacked parameters (nn.scan's layer stacks) and "
+          "over the batch's steps (nn.RNN). Wrap the loop's body in jax.checkpoint to keep "
+          "only its carry per step, or write the loop as a jax.lax.scan over its xs.")
 
 
 def _loop_body_remat(layer: Layer) -> bool:

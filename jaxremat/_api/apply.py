@@ -123,8 +123,9 @@ def apply(
       profile predicts it. ``Remat.profile`` says which predicted.
     scan_segment: scanned layer stacks (a ``jax.lax.scan`` / ``nn.scan`` at the top
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
-      parameters) run as an outer scan over segments of ``k`` iterations, each under
-      ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) XLA
+      parameters) and RNNs over time (``nn.RNN``: a scan whose ``xs`` come from the
+      batch; ``ScanPlan.recurrent``) run as an outer scan over segments of ``k``
+      iterations, each under ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) XLA
       measures smallest, of every divisor with ``verify=True``; by default, for the
       plan ``apply`` chooses, of the estimate's choice and the divisors beside it (two
       or three compiles a stack); else the estimate's choice. A ``k`` of 1 measured so

@@ -188,7 +188,7 @@ class Remat:
                    "are unscaled)")
     plans = planner.reported_plans(plan)
     if self.scans:
-      lines.append("every strategy runs the scanned stacks segmented (below); 'none' places "
+      lines.append("every strategy runs the scans segmented (below); 'none' places "
                    "no checkpoint between the layers")
     label = {m: f"{m} (scans segmented)" if m == "none" and self.scans else m for m in plans}
     w = max(14, *(len(name) + 2 for name in label.values()))
@@ -201,8 +201,8 @@ class Remat:
     if self.as_written_bytes is not None:
       lines.append(f"the model as written (no plan), XLA-measured: "
                    f"{fmt_bytes(self.as_written_bytes)}")
-    scanned = "".join(f"; scan in layer {s.layer + 1}: a checkpoint every {s.segment} of its "
-                      f"{s.length} iterations" for s in self.scans)
+    scanned = "".join(f"; scan {s.name!r} in layer {s.layer + 1}: a checkpoint every "
+                      f"{s.segment} of its {s.length} iterations" for s in self.scans)
     lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}{scanned}")
     if self.measured_total_bytes is not None:
       predicted, measured = planner.total_bytes(plan), self.measured_total_bytes
@@ -237,10 +237,12 @@ class Remat:
                          "; layer_depth='search' plans below these layers too"
                          if not self.scans else ""))
     for s in self.scans:
+      unit = "step" if s.recurrent else "block"
       lines.append(
           f"scan in layer {s.layer + 1} {s.name!r}: {s.length} iterations, segments of "
-          f"{s.segment}{' (the checkpointed block itself)' if s.block else ''}; model R's "
-          f"peak of the stack alone, as a chain of its blocks (not of the whole step): "
+          f"{s.segment}{' (the checkpointed ' + unit + ' itself)' if s.block else ''}; model "
+          f"R's peak of the {'loop' if s.recurrent else 'stack'} alone, as a chain of its "
+          f"{unit}s (not of the whole step): "
           f"{fmt_bytes(s.peak_bytes)} so segmented, {fmt_bytes(s.optimal_peak_bytes)} at its "
           f"optimum, {fmt_bytes(peak_bytes(s.chain, Plan()))} with no checkpoint inside it")
     return "\n".join(lines)

@@ -35,11 +35,14 @@ class LayerResiduals:
 
 
 def residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool,
-              keep: KeepRule | None = None) -> LayerResiduals:
+              keep: KeepRule | None = None, loop_invariant=()) -> LayerResiduals:
   """What the layer's VJP saves; with ``keep``, as XLA keeps it (a backend's rule).
 
   Pass no ``keep`` for a scan body: its residuals are written to stacked loop outputs,
-  which XLA cannot fuse into the backward loop.
+  which XLA cannot fuse into the backward loop. ``loop_invariant``: the body's inputs
+  that are the same in every iteration (the scan's consts); a residual computed from them
+  alone is not counted, as JAX's scan hoists it out of the loop rather than stacking it
+  (an RNN cell's transposed weights).
   """
   vjp, in_vars, out_vars = differentiable(layer, inputs, grad_invariants, differentiate_inputs)
 
@@ -52,7 +55,9 @@ def residuals(layer: Layer, inputs, grad_invariants, differentiate_inputs: bool,
   out_atoms, res_atoms = jaxpr.outvars[:n_out], jaxpr.outvars[n_out:]
   position = {v: k for k, v in enumerate(jaxpr.invars)}
   constvars = set(jaxpr.constvars)
-  varying = _compat.input_dependent(jaxpr)
+  fixed = set(loop_invariant)
+  varying = _compat.input_dependent(
+      jaxpr, [a for a, v in zip(jaxpr.invars, in_vars) if v not in fixed])
   input_set = set(inputs)
   total = own_input = 0
   own_inputs, own_outputs = set(), set()

@@ -1,9 +1,10 @@
-"""Scanned layer stacks: profile one iteration, choose a segment length, emit a nested scan.
+"""Scans: profile one iteration, choose a segment length, emit a nested scan.
 
 A stack of identical layers written with ``jax.lax.scan`` or Flax's ``nn.scan`` (the
 activation as the carry, the per-layer parameters stacked along a leading axis as
-``xs``) traces to a single ``scan`` equation, which the chain tracer sees as one layer.
-Here it is treated as a uniform chain of ``length`` iterations: the carry is ``a``, the
+``xs``) traces to a single ``scan`` equation, which the chain tracer sees as one layer;
+so does a recurrent net over time (``nn.RNN``: the state as the carry, the input's time
+steps as ``xs``, the cell's parameters as consts). Each is treated as a uniform chain of ``length`` iterations: the carry is ``a``, the
 residuals of one iteration's VJP are ``b``. A segment length ``k`` dividing ``length``
 is chosen under model R, and the scan is replaced by an outer scan over ``length / k``
 segments whose body is a ``jax.checkpoint`` of an inner scan over ``k`` iterations
@@ -54,6 +55,8 @@ class ScanPlan:
       comparison with the uniform segmentation's ``peak_bytes`` (a lower bound).
     block: with ``segment == 1``, each segment is the checkpointed block itself, not an
       inner scan of one (``BLOCK``).
+    recurrent: the scan steps over inputs computed from the batch (an RNN over time, its
+      carry the state), not over stacked parameters (a stack of layers).
   """
 
   layer: int
@@ -63,6 +66,7 @@ class ScanPlan:
   chain: Chain
   optimal_peak_bytes: int
   block: bool = False
+  recurrent: bool = False
 
   @property
   def choice(self) -> int:
@@ -98,9 +102,9 @@ def rewrite(traced: TracedChain, segment: int | str | Sequence[int],
     The traced model with each segmented scan replaced, and a ``ScanPlan`` per stack.
 
   Raises:
-    UnsupportedScanError: a scan over stacked parameters that cannot be segmented
-      (reverse, or its carry is not the activation), a requested ``k`` that does not
-      divide the length, or an int ``segment`` for a model without a scanned stack.
+    UnsupportedScanError: a scan over stacked parameters whose carry is not the
+      activation, a requested ``k`` that does not divide the length, or an int
+      ``segment`` for a model without a scan to segment.
   """
   single = isinstance(segment, int) and not isinstance(segment, bool)
   if not (segment == "auto" or (single and isinstance(segment, int) and segment >= 1)
@@ -111,18 +115,19 @@ def rewrite(traced: TracedChain, segment: int | str | Sequence[int],
   found = _find(traced)
   if single and not found:
     raise UnsupportedScanError(
-        f"scan_segment={segment} asks to segment a scanned layer stack, but the model has "
-        "none at its top level (a jax.lax.scan / nn.scan whose carry is the activation and "
-        "whose xs are stacked parameters).")
+        f"scan_segment={segment} asks to segment a scan, but the model has none at its "
+        "top level (a jax.lax.scan / nn.scan / nn.RNN of two or more steps whose carry or "
+        "xs come from the batch).")
   if isinstance(segment, (list, tuple)) and len(segment) != len(found):
     raise UnsupportedScanError(
         f"{len(segment)} segment lengths given for {len(found)} scanned stacks.")
   layers = list(traced.layers)
   plans = []
-  for j, (li, ei) in enumerate(found):
+  for j, (li, ei, recurrent) in enumerate(found):
     layer = layers[li]
     eqn = layer.eqns[ei]
-    chain = iteration_chain(eqn, layer.name)
+    name = _scan_name(layer.name, eqn)
+    chain = iteration_chain(eqn, name)
     n = eqn.params["length"]
     block = False
     if segment == "auto":
@@ -137,12 +142,21 @@ def rewrite(traced: TracedChain, segment: int | str | Sequence[int],
             f"{layer.name!r}; use one of {divisors(n)}.")
     optimal = peak_bytes(chain, _optimal(chain))
     policy = policies[j] if policies else None
-    plans.append(ScanPlan(li, layer.name, n, k, chain, optimal, block))
+    plans.append(ScanPlan(li, name, n, k, chain, optimal, block, recurrent))
     if k < n or policy:
       eqns = list(layer.eqns)
       eqns[ei] = nested_scan_eqn(eqn, k, policy, block)
       layers[li] = dataclasses.replace(layer, eqns=tuple(eqns))
   return dataclasses.replace(traced, layers=tuple(layers)), tuple(plans)
+
+
+def _scan_name(layer: str, eqn: _compat.JaxprEqn) -> str:
+  """The layer's name, followed by the modules below it that run the scan, if any
+  (``bi_0/RNN_1``: the backward RNN of an ``nn.Bidirectional`` layer)."""
+  path = _compat.module_path(eqn)
+  last = layer.split("/")[-1]
+  below = path[path.index(last) + 1:] if last in path else ()
+  return "/".join((layer, *below))
 
 
 def _flattened(traced: TracedChain) -> TracedChain:
@@ -217,8 +231,10 @@ def flat(eqn: _compat.JaxprEqn) -> list[_compat.JaxprEqn] | None:
   return _compat.spliced(made_jaxpr, eqn.invars, eqn.outvars, source_info=eqn.source_info)
 
 
-def _find(traced: TracedChain) -> list[tuple[int, int]]:
-  """(layer, equation) indices of the scans over stacked parameters, in order."""
+def _find(traced: TracedChain) -> list[tuple[int, int, bool]]:
+  """(layer, equation) indices of the scans to segment, in order, each with whether it
+  is recurrent (its xs computed from the batch): the forward or reverse scans of length
+  two or more whose xs or carry depend on the batch."""
   varying = set(traced.batch_vars)
   found = []
   for li, layer in enumerate(traced.layers):
@@ -230,22 +246,17 @@ def _find(traced: TracedChain) -> list[tuple[int, int]]:
         continue
       nc, ncarry = eqn.params["num_consts"], eqn.params["num_carry"]
       carry_dep, xs_dep = dep[nc:nc + ncarry], dep[nc + ncarry:]
-      if not xs_dep or any(xs_dep) or not any(dep):
-        continue  # a loop with no stacked inputs, over the batch (an RNN), or on parameters only
-      where = f"the scan in layer {li + 1} {layer.name!r} (length {eqn.params['length']})"
-      if not any(carry_dep):
+      if not xs_dep or not any(dep):
+        continue  # a loop with no stacked inputs, or on parameters only
+      if not any(xs_dep) and not any(carry_dep):
+        where = f"the scan in layer {li + 1} {layer.name!r} (length {eqn.params['length']})"
         raise UnsupportedScanError(
             f"{where} scans over stacked parameters but its carry does not depend on the "
             "batch: the activation does not flow through the carry, so it is not a chain "
             "of layers. Make the activation the carry (x, _ = scan(block, x, params)) or "
             "pass scan_segment=None to leave the scan as it is.")
-      if eqn.params["reverse"]:
-        raise UnsupportedScanError(
-            f"{where} runs in reverse; jaxremat segments forward scans only. Flip the "
-            "stacked parameters instead of reverse=True, or pass scan_segment=None to leave "
-            "the scan as it is.")
-      if eqn.params["length"] >= 2:
-        found.append((li, ei))
+      if eqn.params["length"] >= 2:  # a stack of layers, or steps over the batch's time axis
+        found.append((li, ei, any(xs_dep)))
   return found
 
 
@@ -254,8 +265,8 @@ def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
 
   ``a`` is the carry (bytes), ``b`` the residuals one iteration's VJP saves, each a
   stacked loop output XLA cannot fuse away (stacked parameter slices excluded: they
-  are inputs), ``e`` the part of ``b`` that is the iteration's own input carry, ``f``
-  its FLOPs.
+  are inputs; those of the consts alone are hoisted out of the loop), ``e`` the part of
+  ``b`` that is the iteration's own input carry, ``f`` its FLOPs.
   """
   body = eqn.params["jaxpr"]
   if body.consts:
@@ -267,7 +278,8 @@ def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
   outs = tuple(v for v in jaxpr.outvars if not isinstance(v, _compat.Literal))
   layer = Layer(name, tuple(jaxpr.eqns), carry_in, invariants, outs[:ncarry], outs[ncarry:])
   grads = {v for v in invariants if _compat.is_float(v.aval)}
-  res = residuals(layer, carry_in, grads, differentiate_inputs=True)  # unfused: stacked outputs
+  res = residuals(layer, carry_in, grads, differentiate_inputs=True,  # unfused: stacked outputs
+                  loop_invariant=jaxpr.invars[:nc])
   act = sum(_compat.aval_bytes(v.aval) for v in carry_in)
   cot = sum(_compat.aval_bytes(v.aval) for v in carry_in if _compat.is_float(v.aval))
   flops = layer_flops(layer, carry_in)
@@ -323,10 +335,11 @@ def _optimal(chain: Chain) -> Plan:
 
 def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None,
                     block: bool = False) -> _compat.JaxprEqn:
-  """An equation computing what ``eqn`` (a forward scan of length ``n``) computes, as an
-  outer scan over ``n / k`` segments, each a ``jax.checkpoint`` of a scan over ``k``
-  (keeping what ``policy``, a policy option, keeps; by default nothing); with ``block``
-  (``k == 1``), the scan of the checkpointed block.
+  """An equation computing what ``eqn`` (a scan of length ``n``, forward or reverse)
+  computes, as an outer scan over ``n / k`` segments, each a ``jax.checkpoint`` of a scan
+  over ``k`` (keeping what ``policy``, a policy option, keeps; by default nothing); with
+  ``block`` (``k == 1``), the scan of the checkpointed block. A reverse scan's segments
+  run last to first, each from its last row.
 
   The checkpoints run in a loop's body, where XLA cannot merge the recompute into the
   forward: they go without ``prevent_cse``'s barriers, which ``jax.checkpoint``'s
@@ -336,7 +349,7 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None,
   params = eqn.params
   body = jex_core.jaxpr_as_fun(params["jaxpr"])
   nc, ncarry, n = params["num_consts"], params["num_carry"], params["length"]
-  m = n // k
+  m, reverse = n // k, params["reverse"]
   remat_policy = jax_policy(policy) if policy else None
 
   def nested(*args):
@@ -348,17 +361,17 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None,
 
     if block:
       carry, ys = jax.lax.scan(jax.checkpoint(step, prevent_cse=False, policy=remat_policy),
-                               carry, list(xs), unroll=params["unroll"])
+                               carry, list(xs), reverse=reverse, unroll=params["unroll"])
       return [*carry, *ys]
 
     def segment(c, j):
       xk = [jax.lax.dynamic_slice_in_dim(x, j * k, k) for x in xs]
-      return jax.lax.scan(step, c, xk, unroll=params["unroll"])
+      return jax.lax.scan(step, c, xk, reverse=reverse, unroll=params["unroll"])
 
     # The stacked xs enter each segment whole and are sliced inside it: as a loop
     # invariant the outer scan keeps them once, not as a per-segment residual copy.
     checkpointed = jax.checkpoint(segment, prevent_cse=False, policy=remat_policy)
-    carry, ys = jax.lax.scan(checkpointed, carry, jnp.arange(m))
+    carry, ys = jax.lax.scan(checkpointed, carry, jnp.arange(m), reverse=reverse)
     return [*carry, *(y.reshape(n, *y.shape[2:]) for y in ys)]
 
   avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in map(_compat.array_aval, eqn.invars)]
