@@ -200,6 +200,7 @@ def test_footprint_below_plain_and_near_best_uniform(name):
   # a user's trial read the "none" row as the model as written
   report = r.report()
   assert "every strategy runs the scans segmented" in report
+  assert "chosen: the plan given checkpoints=[]" in report  # a plan= has no method's name
   # and the chosen line as no remat when the plan is the stack's segments alone
   assert (f"scan {chosen.name!r} in layer {chosen.layer + 1}: a checkpoint every "
           f"{chosen.segment} of its {chosen.length} iterations") in report.split("chosen: ")[1].splitlines()[0]

@@ -19,6 +19,8 @@ from jaxremat.solvers import solve
 
 #: ``Plan.method`` of the plan ``apply`` returns when it runs the model as written.
 AS_WRITTEN = "as written"
+#: The report's name for a plan the user passed (``plan=``), whose method is empty.
+GIVEN = "the plan given"
 #: A step above this share of the device's memory may have been rematerialised by XLA.
 XLA_REMAT_SHARE = 0.9
 #: The share of a GPU's memory JAX's allocator preallocates by default.
@@ -139,7 +141,7 @@ class Remat:
           "Remat.plot replays model R's timeline; this model was planned as a graph.")
     from jaxremat._api.plot import plot_timelines  # matplotlib is optional
     chain = self._planner.chain
-    plans = [(f"chosen: {self.plan.method or 'plan'}", self.plan)]
+    plans = [(f"chosen: {self.plan.method or GIVEN}", self.plan)]
     plans += [(method, solve(chain, method)) for method in compare]
     plot_timelines(path, chain, plans, title=title or f"{chain.n} layers")
 
@@ -190,7 +192,8 @@ class Remat:
     if self.scans:
       lines.append("every strategy runs the scans segmented (below); 'none' places "
                    "no checkpoint between the layers")
-    label = {m: f"{m} (scans segmented)" if m == "none" and self.scans else m for m in plans}
+    label = {m: f"{m} (scans segmented)" if m == "none" and self.scans else m or GIVEN
+             for m in plans}
     w = max(14, *(len(name) + 2 for name in label.values()))
     lines.append(f"{'strategy':<{w}}{'checkpoints':>12}{model + ' peak':>16}"
                  f"{'predicted total':>18}{'recompute GFLOP':>18}")
@@ -203,7 +206,7 @@ class Remat:
                    f"{fmt_bytes(self.as_written_bytes)}")
     scanned = "".join(f"; scan {s.name!r} in layer {s.layer + 1}: a checkpoint every "
                       f"{s.segment} of its {s.length} iterations" for s in self.scans)
-    lines.append(f"chosen: {plan.method} checkpoints={list(plan.checkpoints)}{scanned}")
+    lines.append(f"chosen: {plan.method or GIVEN} checkpoints={list(plan.checkpoints)}{scanned}")
     if self.measured_total_bytes is not None:
       predicted, measured = planner.total_bytes(plan), self.measured_total_bytes
       off = predicted / measured - 1
