@@ -6,6 +6,7 @@
     PYTHONPATH=. python bench/unseen.py --set zoo [--target h100] \
         --out bench/results/zoo-least-cpu/zoo-least.json  # the CPU zoo instead (same table)
     PYTHONPATH=. python bench/unseen.py --set realworld ...  # Flax-style transformers, dropout
+    PYTHONPATH=. python bench/unseen.py --set recurrent ...  # RNNs over time (nn.RNN)
     PYTHONPATH=. python bench/unseen.py --compiled-only EARLIER.json ...  # that column again
     PYTHONPATH=. python bench/unseen.py --apply-only EARLIER.json ...  # both apply columns again
 
@@ -22,7 +23,8 @@ With ``--target``, every compile is XLA's GPU compiler's for that GPU, deviceles
 ``--set zoo`` runs the CPU zoo of ``bench/memory.py`` (``zoo_registry.tagged("cpu")``,
 with their ``apply`` kwargs) through the same comparison, ``--set realworld`` the linen
 models of ``bench/out_of_box.py`` (``tests/realworld_models.py`` at size ``bench``: the
-ViT, lm1b and a wmt-like encoder-decoder with dropout, the ResNet with BatchNorm). The table gives ``apply``'s wall time
+ViT, lm1b and a wmt-like encoder-decoder with dropout, the ResNet with BatchNorm), ``--set
+recurrent`` three RNNs over time (``recurrent_models``). The table gives ``apply``'s wall time
 (its confirming compiles included). Writes JSON and a markdown table next to it.
 """
 
@@ -84,6 +86,57 @@ class _PreLNBlock(nn.Module):
     x = x + nn.MultiHeadDotProductAttention(self.heads, dtype=self.dtype)(y, y)
     y = nn.Dense(4 * x.shape[-1], dtype=self.dtype)(nn.LayerNorm(dtype=self.dtype)(x))
     return x + nn.Dense(x.shape[-1], dtype=self.dtype)(nn.gelu(y))
+
+
+class _LstmLM(nn.Module):
+  """Embedding, two LSTMs over time with dropout after each, a vocabulary head."""
+
+  @nn.compact
+  def __call__(self, tokens, train: bool = True):
+    x = nn.Embed(1024, 256)(tokens)
+    for i in range(2):
+      x = nn.RNN(nn.OptimizedLSTMCell(256), name=f"lstm_{i}")(x)
+      x = nn.Dropout(0.1, deterministic=not train)(x)
+    return nn.Dense(1024)(x)
+
+
+class _BiLstmTagger(nn.Module):
+  """A 1-D conv frontend, two bidirectional LSTMs with a LayerNorm between, a tag head."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.gelu(nn.Conv(128, (5,))(x))
+    for i in range(2):
+      x = nn.Bidirectional(nn.RNN(nn.LSTMCell(128)), nn.RNN(nn.LSTMCell(128)),
+                           name=f"bi_{i}")(x)
+      x = nn.LayerNorm()(x)
+    return nn.Dense(20)(x)
+
+
+class _GruSeq2Seq(nn.Module):
+  """A GRU encoder whose final state starts a GRU decoder over the target's embeddings."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    embed = nn.Embed(512, 192)
+    source, target = tokens[:, :64], tokens[:, 64:]
+    state, _ = nn.RNN(nn.GRUCell(192), return_carry=True, name="encoder")(embed(source))
+    y = nn.RNN(nn.GRUCell(192), name="decoder")(embed(target), initial_carry=state)
+    return nn.Dense(512)(nn.gelu(nn.Dense(384)(y)))
+
+
+def recurrent_models() -> dict:
+  """name -> (model, batch, apply kwargs): RNNs over time, written after jaxremat segmented
+  them, kept out of every tuning step."""
+  key = jax.random.key(5)
+  tokens = jax.random.randint(key, (16, 128), 0, 512)
+  return {
+      "LSTM LM (2 x nn.RNN 256, 128 steps, dropout)": (
+          _LstmLM(), tokens, {"rngs": {"dropout": jax.random.key(7)}}),
+      "BiLSTM tagger (conv, 2 x nn.Bidirectional 128)": (
+          _BiLstmTagger(), jax.random.normal(key, (16, 96, 32)), {}),
+      "GRU seq2seq (encoder state starts the decoder)": (_GruSeq2Seq(), tokens, {}),
+  }
 
 
 def _flatten(x):
@@ -155,6 +208,8 @@ def model_set(name: str) -> dict[str, Callable[[], Case]]:
     return {n: linen(m, x, {}) for n, (m, x) in models().items()}
   if name == "zoo":
     return {m.name: linen(m.build(), m.example(), m.apply_kwargs()) for m in tagged("cpu")}
+  if name == "recurrent":
+    return {n: linen(m, x, kw) for n, (m, x, kw) in recurrent_models().items()}
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                   "tests"))
   import realworld_models as rm  # type: ignore[import-not-found]  # noqa: PLC0415
@@ -167,7 +222,7 @@ def model_set(name: str) -> dict[str, Callable[[], Case]]:
   return {f"{f}-bench": functools.partial(realworld, f) for f in ("vit", "lm1b", "wmt", "resnet")}
 
 
-SETS = ("unseen", "zoo", "realworld")
+SETS = ("unseen", "zoo", "realworld", "recurrent")
 
 
 def _measurer(params: Any, x: Any, target: str | None, kwargs: dict

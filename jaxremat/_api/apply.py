@@ -210,7 +210,7 @@ def apply(
 
   written = traced  # the model as written: no checkpoints, its scans as they are
   scans: tuple[ScanPlan, ...] = ()
-  if scan_segment is not None and not traced.is_graph:
+  if scan_segment is not None:
     segment: int | str | tuple[int, ...] = scan_segment
     # the segment length XLA measures smallest: of every divisor with verify; by default
     # (the plan apply chooses and confirms), of the estimate's and the divisors beside it

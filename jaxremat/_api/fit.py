@@ -212,7 +212,8 @@ def fit(
         frontier=tuple((b, t) for b, t, _ in pareto([(*p, None) for p in found.points])),
         target=resolved.name if resolved else None, timed=found.timed,
         timing_spread=max(spreads, default=None),
-        stage_seconds=dict(clock.seconds), named_products=named_products(traced, c.plan))
+        stage_seconds=dict(clock.seconds), named_products=named_products(traced, c.plan),
+        scans=scans)
   with clock("profile"):
     chain = planner.chain
     options = OptionCosts(traced, chain, roofline_for(resolved), scans, written)
@@ -305,7 +306,8 @@ def fit(
       compiled=tuple(compiled), frontier=frontier,
       target=resolved.name if resolved else None, timed=tuple(timings),
       timing_spread=max(spreads, default=None),
-      stage_seconds=dict(clock.seconds), named_products=named_products(traced, plan))
+      stage_seconds=dict(clock.seconds), named_products=named_products(traced, plan),
+      scans=scans)
 
 
 def _infeasible(budget: int, least: int, how: str, traced: TracedChain, read_as: str,

@@ -9,6 +9,7 @@ from typing import Any
 from jaxremat._api.fit_graph import run_label
 from jaxremat._api.planning import fmt_bytes
 from jaxremat._backends.step_time import ROUNDS, RUNS
+from jaxremat._jaxpr.scan import ScanPlan
 from jaxremat._model.chain import Chain
 from jaxremat._model.graph import GraphChain
 from jaxremat._model.policy_plan import GroupCost, PolicyPlan
@@ -51,6 +52,8 @@ class Fitted:
     stage_seconds: wall time of each stage (seconds).
     named_products: one line per product a group keeps by name (``names(k saved)``,
       ``names(k offloaded)``): its layer, ``checkpoint_name``, equation and output.
+    scans: the scans (layer stacks, RNNs over time) the plan runs segmented, whatever
+      its layers' options (``ScanPlan``).
   """
 
   fn: Callable[..., Any]
@@ -70,6 +73,7 @@ class Fitted:
   timing_spread: float | None = None
   stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
   named_products: tuple[str, ...] = ()
+  scans: tuple[ScanPlan, ...] = ()
 
   def report(self) -> str:
     """What each group does, the budget, the prediction and XLA's figure, the frontier."""
@@ -89,6 +93,9 @@ class Fitted:
     if self.named_products:
       lines.append("products kept by name (the rest of their layers is recomputed):")
       lines += [f"  {line}" for line in self.named_products]
+    lines += [f"scan {s.name!r} in layer {s.layer + 1}: {s.length} iterations in checkpointed "
+              f"segments of {s.segment}, recomputed one at a time in the backward pass"
+              for s in self.scans if s.rematerialised]
     lines.append("")
     if self.target:
       lines.append(f"target: {self.target} (XLA's GPU compiler, deviceless)")
@@ -107,8 +114,10 @@ class Fitted:
       miss = "" if error == 0 else f" (the prediction {abs(error):.1f}% " + (
           "high)" if error > 0 else "low)")
       lines.append(f"XLA-measured footprint {fmt_bytes(measured)}{miss}, within the budget; "
-                   f"{len(self.compiled)} plan(s) compiled, XLA's footprint of each in order: "
-                   + ", ".join(fmt_bytes(b) for b in self.compiled)
+                   + (f"{len(self.compiled)} plan(s) compiled, XLA's footprint of each in "
+                      "order: " + ", ".join(fmt_bytes(b) for b in self.compiled)
+                      if self.compiled else "the step with every layer kept, compiled "
+                      "first (no other plan compiled)")
                    + ("" if self.timed else "; returned: the one of least predicted "
                       "recompute within the budget"))
     else:

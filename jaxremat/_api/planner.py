@@ -276,7 +276,7 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
         "jax.ShapeDtypeStructs of one device's shapes).")
   if compiled is not None and (scans or sharded):
     if required:
-      what = "scanned layer stacks" if scans else "sharded inputs"
+      what = "scans it segments (layer stacks, RNNs over time)" if scans else "sharded inputs"
       raise InvalidArgumentError(
           f"profile='compiled' replays the layers of one compiled program; this model "
           f"has {what}. Use profile='jaxpr' (the estimate)"
@@ -287,7 +287,8 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
       raise NotAChainError(
           f"{traced.not_a_chain} jaxremat plans such a model as a graph, which does not "
           "take sharded inputs yet; pass unsharded params and batch.")
-    graph = profile_graph(traced, calibrate, platform, target)
+    segmented = {s.layer for s in scans if s.rematerialised}  # compiled alone, as below
+    graph = profile_graph(traced, calibrate or segmented, platform, target)
     return GraphPlanner(graph, fixed, traced.not_a_chain,
                         replay=compiled(traced, graph_kept(graph)) if compiled else None)
   # A segmented scan's backward (one segment recomputed, then its backward loop) is

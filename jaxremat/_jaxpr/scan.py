@@ -119,6 +119,10 @@ def rewrite(traced: TracedChain, segment: int | str | Sequence[int],
         "top level (a jax.lax.scan / nn.scan / nn.RNN of two or more steps whose carry or "
         "xs come from the batch).")
   if isinstance(segment, (list, tuple)) and len(segment) != len(found):
+    every = _find(traced, shortest=1)  # a replay at a length of one step: not segmented
+    if len(every) == len(segment):
+      segment = [k for k, at in zip(segment, every) if at in found]
+  if isinstance(segment, (list, tuple)) and len(segment) != len(found):
     raise UnsupportedScanError(
         f"{len(segment)} segment lengths given for {len(found)} scanned stacks.")
   layers = list(traced.layers)
@@ -136,7 +140,9 @@ def rewrite(traced: TracedChain, segment: int | str | Sequence[int],
       k = int(segment[j] if isinstance(segment, (list, tuple)) else cast(int, segment))
       if k == BLOCK and not single:
         k, block = 1, True
-      if k < 1 or n % k:
+      if not single:  # a replay's k, planned for another length, need not divide this
+        k = min(k, n)  # one: its last segment is shorter (``nested_scan_eqn``)
+      if k < 1 or n % k and single:
         raise UnsupportedScanError(
             f"segment length {k} does not divide the {n} iterations of the scan in layer "
             f"{layer.name!r}; use one of {divisors(n)}.")
@@ -231,10 +237,10 @@ def flat(eqn: _compat.JaxprEqn) -> list[_compat.JaxprEqn] | None:
   return _compat.spliced(made_jaxpr, eqn.invars, eqn.outvars, source_info=eqn.source_info)
 
 
-def _find(traced: TracedChain) -> list[tuple[int, int, bool]]:
+def _find(traced: TracedChain, shortest: int = 2) -> list[tuple[int, int, bool]]:
   """(layer, equation) indices of the scans to segment, in order, each with whether it
-  is recurrent (its xs computed from the batch): the forward or reverse scans of length
-  two or more whose xs or carry depend on the batch."""
+  is recurrent (its xs computed from the batch): the forward or reverse scans of
+  ``shortest`` iterations or more whose xs or carry depend on the batch."""
   varying = set(traced.batch_vars)
   found = []
   for li, layer in enumerate(traced.layers):
@@ -255,7 +261,7 @@ def _find(traced: TracedChain) -> list[tuple[int, int, bool]]:
             "batch: the activation does not flow through the carry, so it is not a chain "
             "of layers. Make the activation the carry (x, _ = scan(block, x, params)) or "
             "pass scan_segment=None to leave the scan as it is.")
-      if eqn.params["length"] >= 2:  # a stack of layers, or steps over the batch's time axis
+      if eqn.params["length"] >= shortest:  # a stack of layers, or steps over the batch's time
         found.append((li, ei, any(xs_dep)))
   return found
 
@@ -339,7 +345,9 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None,
   computes, as an outer scan over ``n / k`` segments, each a ``jax.checkpoint`` of a scan
   over ``k`` (keeping what ``policy``, a policy option, keeps; by default nothing); with
   ``block`` (``k == 1``), the scan of the checkpointed block. A reverse scan's segments
-  run last to first, each from its last row.
+  run last to first, each from its last row. Where ``k`` does not divide ``n`` (a plan
+  replayed for another sequence length), the last ``n mod k`` rows are one shorter
+  segment.
 
   The checkpoints run in a loop's body, where XLA cannot merge the recompute into the
   forward: they go without ``prevent_cse``'s barriers, which ``jax.checkpoint``'s
@@ -349,7 +357,7 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None,
   params = eqn.params
   body = jex_core.jaxpr_as_fun(params["jaxpr"])
   nc, ncarry, n = params["num_consts"], params["num_carry"], params["length"]
-  m, reverse = n // k, params["reverse"]
+  m, reverse = n // k, params["reverse"]  # m whole segments
   remat_policy = jax_policy(policy) if policy else None
 
   def nested(*args):
@@ -368,11 +376,28 @@ def nested_scan_eqn(eqn: _compat.JaxprEqn, k: int, policy: str | None = None,
       xk = [jax.lax.dynamic_slice_in_dim(x, j * k, k) for x in xs]
       return jax.lax.scan(step, c, xk, reverse=reverse, unroll=params["unroll"])
 
-    # The stacked xs enter each segment whole and are sliced inside it: as a loop
-    # invariant the outer scan keeps them once, not as a per-segment residual copy.
-    checkpointed = jax.checkpoint(segment, prevent_cse=False, policy=remat_policy)
-    carry, ys = jax.lax.scan(checkpointed, carry, jnp.arange(m), reverse=reverse)
-    return [*carry, *(y.reshape(n, *y.shape[2:]) for y in ys)]
+    def segments(c):
+      # The stacked xs enter each segment whole and are sliced inside it: as a loop
+      # invariant the outer scan keeps them once, not as a per-segment residual copy.
+      checkpointed = jax.checkpoint(segment, prevent_cse=False, policy=remat_policy)
+      c, ys = jax.lax.scan(checkpointed, c, jnp.arange(m), reverse=reverse)
+      return c, [y.reshape(m * k, *y.shape[2:]) for y in ys]
+
+    def rest(c):  # the last n - m k rows, one shorter segment
+      tail = jax.checkpoint(lambda c, xr: jax.lax.scan(step, c, xr, reverse=reverse,
+                                                       unroll=params["unroll"]),
+                            prevent_cse=False, policy=remat_policy)
+      return tail(c, [x[m * k:] for x in xs])
+
+    parts = [segments] * (m > 0) + [rest] * (n > m * k)
+    outs = []
+    for part in reversed(parts) if reverse else parts:
+      carry, ys = part(carry)
+      outs.append(ys)
+    if reverse:
+      outs.reverse()
+    ys = outs[0] if len(outs) == 1 else [jnp.concatenate(y) for y in zip(*outs)]
+    return [*carry, *ys]
 
   avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in map(_compat.array_aval, eqn.invars)]
   closed = jax.make_jaxpr(jax.jit(nested, keep_unused=True))(*avals)
