@@ -35,11 +35,12 @@ class NoSavingWarning(UserWarning):
 
 def warn_as_written(as_written_bytes: int, least_bytes: int, reason: str = "") -> None:
   """Warns (``NoSavingWarning``) that ``apply`` returns the model as written: XLA measured
-  its step at ``as_written_bytes``, the chosen plan's at ``least_bytes``; ``reason``
+  its step at ``as_written_bytes``, the least plan compiled at ``least_bytes``; ``reason``
   (``coarse_reason``'s) says why, where the layers are too coarse."""
   warnings.warn(NoSavingWarning(
       f"jaxremat: the plan did not compile {MIN_SAVING:.0%} or more below the model as "
-      f"written ({as_written_bytes} bytes by XLA; the plan {least_bytes}), so r.fn runs "
+      f"written ({as_written_bytes} bytes by XLA; the least plan compiled {least_bytes}), "
+      "so r.fn runs "
       "the model unchanged rather than recompute for little. " + (
           f"Checkpoints fall between layers only, and {reason}" if reason else
           "It may already be rematerialised (jax.checkpoint or nn.remat inside it), or its "
