@@ -40,8 +40,7 @@ def warn_as_written(as_written_bytes: int, least_bytes: int, reason: str = "") -
   warnings.warn(NoSavingWarning(
       f"jaxremat: the plan did not compile {MIN_SAVING:.0%} or more below the model as "
       f"written ({as_written_bytes} bytes by XLA; the least plan compiled {least_bytes}), "
-      "so r.fn runs "
-      "the model unchanged rather than recompute for little. " + (
+      "so r.fn runs the model unchanged rather than recompute for little. " + (
           f"Checkpoints fall between layers only, and {reason}" if reason else
           "It may already be rematerialised (jax.checkpoint or nn.remat inside it), or its "
           "layers too coarse: see r.report() and layer_depth.")), stacklevel=3)

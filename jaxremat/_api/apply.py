@@ -125,8 +125,8 @@ def apply(
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) and RNNs over time (``nn.RNN``: a scan whose ``xs`` come from the
       batch; ``ScanPlan.recurrent``) run as an outer scan over segments of ``k``
-      iterations, each under ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of the length) XLA
-      measures smallest, of every divisor with ``verify=True``; by default, for the
+      iterations, each under ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of
+      the length) XLA measures smallest, of every divisor with ``verify=True``; by default, for the
       plan ``apply`` chooses, of the estimate's choice and the divisors beside it (two
       or three compiles a stack); else the estimate's choice. A ``k`` of 1 measured so
       is compiled twice: an inner scan of one block, and the checkpointed block itself
@@ -292,7 +292,8 @@ def apply(
     least = min(verified.values())
     above = verified.get(plan.checkpoints, least) > as_written
     if method == "optimal" and (  # another solver's plan is returned as asked
-        above or (as_written - least < MIN_SAVING * as_written and (plan.checkpoints or scans))):
+        above
+        or (as_written - least < MIN_SAVING * as_written and (plan.checkpoints or scans))):
       warn_as_written(as_written, least, coarse_reason(planner, traced, segmented))
       plan, traced, scans = Plan((), method=AS_WRITTEN), written, ()
       planner, planned_depth, decomposition = first, layer_depth, written.decomposition
