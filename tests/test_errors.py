@@ -310,7 +310,7 @@ CASES = [
          jaxremat.InvalidArgumentError, r"profile must be one of \('jaxpr', 'compiled'\).*'xla'"),
     Case("compiled-profile-scan",
          lambda: jaxremat.apply(scan_stack, STACK, X[:, :4], profile="compiled"),
-         jaxremat.InvalidArgumentError, r"profile='compiled'.*scanned layer stacks.*profile='jaxpr'"),
+         jaxremat.InvalidArgumentError, r"profile='compiled'.*scans it segments.*profile='jaxpr'"),
     Case("solve-not-a-chain", lambda: jaxremat.solve([4, 4, 4]),
          jaxremat.InvalidArgumentError, r"solve expects a jaxremat.Chain, got list"),
     Case("target-without-plugin", measure_for_h100_without_the_plugin,
