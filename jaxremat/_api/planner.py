@@ -289,6 +289,7 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
           "take sharded inputs yet; pass unsharded params and batch.")
     segmented = {s.layer for s in scans if s.rematerialised}  # compiled alone, as below
     graph = profile_graph(traced, calibrate or segmented, platform, target)
+    graph = dataclasses.replace(graph, flops=_scan_flops(graph.flops, scans))
     return GraphPlanner(graph, fixed, traced.not_a_chain,
                         replay=compiled(traced, graph_kept(graph)) if compiled else None)
   # A segmented scan's backward (one segment recomputed, then its backward loop) is
@@ -302,13 +303,19 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
     chain = prof.chain
     fixed = (_sharding.tree_device_bytes((params, batch, arrays))
              + _sharding.tree_device_bytes(params, floats_only=True))
-  if scans:  # XLA's cost analysis counts a loop's body once: a stack's forward is its blocks'
-    flops = list(chain.flops)
-    for s in scans:
-      flops[s.layer] = sum(s.chain.flops)
-    chain = dataclasses.replace(chain, flops=tuple(flops))
+  if scans:
+    chain = dataclasses.replace(chain, flops=_scan_flops(chain.flops, scans))
   return ChainPlanner(chain, prof.buffers, fixed, scans,
                       compiled(traced, chain_kept(chain.act_bytes)) if compiled else None)
+
+
+def _scan_flops(flops: tuple[int, ...], scans: tuple[ScanPlan, ...]) -> tuple[int, ...]:
+  """Per layer FLOPs with each scan's layer given all its iterations' (XLA's cost
+  analysis counts a loop's body once: a stack's forward is its blocks')."""
+  summed = list(flops)
+  for s in scans:
+    summed[s.layer] = sum(s.chain.flops)
+  return tuple(summed)
 
 
 def check_holds_inputs(budget_bytes: int, params: Any, batch: Any, model_kwargs: dict[str, Any],
