@@ -371,8 +371,8 @@ CASES = [
          jaxremat.NotAChainError, r"plans such a model as a graph.*method='multilevel' is not"),
     Case("scan-carry-not-activation", lambda: jaxremat.apply(scan_carrying_a_count, STACK, X[:, :4]),
          jaxremat.UnsupportedScanError, "carry does not depend on the batch"),
-    Case("scan-segment-not-divisor", lambda: jaxremat.apply(scan_stack, STACK, X[:, :4], scan_segment=3),
-         jaxremat.UnsupportedScanError, "does not divide the 4"),
+    Case("scan-segment-too-long", lambda: jaxremat.apply(scan_stack, STACK, X[:, :4], scan_segment=5),
+         jaxremat.UnsupportedScanError, "5 is longer than the 4 iterations.*from 1 to 4"),
     # Methods and budgets.
     Case("unknown-method", lambda: apply_mlp(method="fastest"),
          jaxremat.UnknownMethodError, r"unknown method 'fastest'.*'optimal'"),

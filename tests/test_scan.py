@@ -257,19 +257,34 @@ def _reverse_rnn(w, xs):
   return ys * h[None]
 
 
+def _dropout_rnn(w, xs):
+  """The key in the carry: each step splits it for its own dropout mask."""
+
+  def step(carry, x):
+    h, key = carry
+    key, drop = jax.random.split(key)
+    h = jnp.tanh(h @ w + x) * jax.random.bernoulli(drop, 0.8, x.shape) / 0.8
+    return (h, key), h
+
+  _, ys = jax.lax.scan(step, (jnp.zeros(xs.shape[1:]), jax.random.key(3)), xs)
+  return ys
+
+
 @pytest.mark.parametrize("fn,p,x", [
     (_reverse_model, jnp.ones((4, 8, 8)) / 8, jnp.ones((2, 8))),
     (_rnn, jnp.eye(8) / 2, jnp.ones((6, 2, 8))),
-    (_reverse_rnn, jnp.eye(8) / 2, jnp.ones((6, 2, 8)))], ids=["reverse-stack", "rnn",
-                                                             "reverse-rnn"])
+    (_reverse_rnn, jnp.eye(8) / 2, jnp.ones((6, 2, 8))),
+    (_dropout_rnn, jnp.eye(8) / 2, jnp.ones((5, 2, 8)))],
+    ids=["reverse-stack", "rnn", "reverse-rnn", "rnn-key-in-carry"])
 def test_reverse_scans_and_rnns_over_time_are_segmented_exactly(fn, p, x):
   """A reverse stack, and loops whose xs are the batch's time steps, segment as stacks do:
-  every segment length, and one step per segment as the checkpointed step, keeps the
-  values and gradients of the loop as written."""
+  every segment length (those that do not divide the length too: the last segment is
+  padded), and one step per segment as the checkpointed step, keeps the values and
+  gradients of the loop as written."""
   x = x + jax.random.normal(KEY, x.shape)
   want = jax.value_and_grad(_loss(fn))(p, x)
   n = p.shape[0] if fn is _reverse_model else x.shape[0]
-  for k in [*_scan.divisors(n)[:-1], _scan.BLOCK]:
+  for k in [*range(1, n), _scan.BLOCK]:
     r = jaxremat.apply(fn, p, x, scan_segment=[k], verify=False)
     assert [s.recurrent for s in r.scans] == [fn is not _reverse_model]
     assert r.scans[0].rematerialised
@@ -279,7 +294,7 @@ def test_reverse_scans_and_rnns_over_time_are_segmented_exactly(fn, p, x):
 @pytest.mark.parametrize("fn", [_rnn, _reverse_rnn], ids=["rnn", "reverse-rnn"])
 def test_an_rnn_planned_at_one_length_runs_exactly_at_others(fn):
   """A user's trial: planned at 64 steps, r.fn raised at 50, which 4 does not divide.
-  A replay keeps k and runs the last n mod k steps as one shorter segment."""
+  A replay keeps k and pads the last segment where k does not divide the length."""
   w, x = jnp.eye(8) / 2, jax.random.normal(KEY, (12, 2, 8))
   r = jaxremat.apply(fn, w, x, scan_segment=4, verify=False)
   for steps in (7, 3, 1):  # a prime length, one shorter than a segment, a single step

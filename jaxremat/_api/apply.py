@@ -125,11 +125,14 @@ def apply(
       level of a layer, whose carry is the activation and whose ``xs`` are stacked
       parameters) and RNNs over time (``nn.RNN``: a scan whose ``xs`` come from the
       batch; ``ScanPlan.recurrent``) run as an outer scan over segments of ``k``
-      iterations, each under ``jax.checkpoint``. ``"auto"``: the ``k`` (a divisor of
-      the length) XLA measures smallest, of every divisor with ``verify=True``; by default, for the
-      plan ``apply`` chooses, of the estimate's choice and the divisors beside it (two
-      or three compiles a stack); else the estimate's choice. A ``k`` of 1 measured so
-      is compiled twice: an inner scan of one block, and the checkpointed block itself
+      iterations, each under ``jax.checkpoint`` (where ``k`` does not divide the
+      length, the last segment is shorter). ``"auto"``: the ``k`` XLA measures
+      smallest, of every divisor of the length and the estimate's choice (for an RNN
+      the powers of two too) with ``verify=True``; by default, for the plan ``apply``
+      chooses, of the estimate's choice and the lengths beside it (two or three
+      compiles a stack); else the estimate's choice (a divisor for a stack, any ``k``
+      for an RNN, whose last chunk is padded). A ``k`` of 1 measured so is compiled
+      twice: an inner scan of one block, and the checkpointed block itself
       (``nn.scan(nn.remat(block))``; ``ScanPlan.block``), and the smaller kept. An int:
       that ``k`` for every stack (inner scans); ``None``: scans are left as they are
       (one opaque layer).
@@ -212,8 +215,9 @@ def apply(
   scans: tuple[ScanPlan, ...] = ()
   if scan_segment is not None:
     segment: int | str | tuple[int, ...] = scan_segment
-    # the segment length XLA measures smallest: of every divisor with verify; by default
-    # (the plan apply chooses and confirms), of the estimate's and the divisors beside it
+    # the segment length XLA measures smallest: of every divisor and the estimate's with
+    # verify; by default (the plan apply chooses and confirms), of the estimate's and
+    # the divisors beside it
     if scan_segment == "auto" and (verify or (verify is None and plan is None
                                               and method == "optimal")):
       segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s),

@@ -237,16 +237,17 @@ def sweep_uniform(planner: Planner, budget_bytes: int, least_bytes: int,
 def measured_segments(traced: TracedChain,
                       measured_bytes: Callable[[TracedChain, tuple[_scan.ScanPlan, ...]], int],
                       nearby: bool = False) -> tuple[int, ...] | str:
-  """Per scanned stack, the segment length (a divisor of its length) whose training step
-  XLA measures smallest, one stack at a time, the others as model R chose; a length of
-  one is compiled in both forms (an inner scan of one block, and the block itself:
-  ``_scan.BLOCK``). ``nearby``: of the estimate's length (``choose_segment``) and the
-  divisors next to it only (two to four compiles a stack, where every divisor is one
+  """Per scanned stack, the segment length whose training step XLA measures smallest, of
+  ``_scan.sweep_lengths`` (the divisors of its length and the estimate's length,
+  ``choose_segment``; for an RNN the powers of two below it), one stack at a time, the
+  others as model R chose; a length of one is compiled in both forms (an inner scan of
+  one block, and the block itself: ``_scan.BLOCK``). ``nearby``: of the estimate's
+  length and those next to it only (two to four compiles a stack, where the sweep is one
   each)."""
   _, scans = _scan.rewrite(traced, "auto")
   segments = [s.segment for s in scans]
   for j, s in enumerate(scans):
-    lengths = _scan.divisors(s.length)
+    lengths = _scan.sweep_lengths(s.length, s.segment, s.recurrent)
     if len(lengths) == 1:
       continue  # one iteration: nothing to choose
     if nearby:

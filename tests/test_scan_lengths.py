@@ -1,0 +1,49 @@
+"""Segment lengths of a scanned stack: any k from 1 to n, the shorter last segment included.
+
+The estimate's choice is checked against a brute force over every k with the literal
+model-R peak of tests/oracles.py; no compile.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxremat import Chain
+from jaxremat._jaxpr import scan as _scan
+
+from oracles import literal_peak_of  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 12, 31, 64, 127, 128])
+def test_segment_lengths_hold_the_shortest_k_of_every_segment_count(n):
+  lengths = _scan.segment_lengths(n)
+  counts = {}
+  for k in range(1, n + 1):  # brute force: the shortest k for each number of segments
+    counts.setdefault(-(-n // k), k)
+  assert sorted(min(k for k in range(1, n + 1) if -(-n // k) == m) for m in counts) == lengths
+
+
+@pytest.mark.parametrize("n,act,res", [(127, 4, 12), (31, 1, 1), (31, 1, 20), (12, 3, 5),
+                                       (97, 8, 3), (2, 1, 1)])
+def test_choose_segment_is_the_least_of_every_k(n, act, res):
+  """An RNN's estimated k costs no more than any k of 1..n (divisors or not) under the
+  literal model-R peak plus a segment's residual copy, and a prime length is cut; a
+  stack's is the least of the divisors."""
+  chain = Chain([act] * (n + 1), [res] * n)
+
+  def cost(k):
+    checkpoints = tuple(range(k, n, k))
+    return literal_peak_of(chain, checkpoints) + (k * res if k < n else 0)
+
+  k = _scan.choose_segment(chain, any_length=True)  # an RNN's
+  assert cost(k) == min(cost(j) for j in range(1, n + 1)), (k, {j: cost(j) for j in range(1, n + 1)})
+  stack = _scan.choose_segment(chain)  # a stack's: the least of the divisors
+  assert n % stack == 0 and cost(stack) == min(cost(j) for j in _scan.divisors(n))
+  if (n, act, res) == (127, 4, 12):  # prime: no divisor but 1 and n, yet cut in between
+    assert 1 < k < n and n % k
+
+
+def test_an_rnn_of_prime_length_sweeps_beyond_its_divisors():
+  assert _scan.sweep_lengths(127, 11, recurrent=True) == [1, 2, 4, 8, 11, 16, 32, 64, 127]
+  assert _scan.sweep_lengths(12, 4, recurrent=True) == [1, 2, 3, 4, 6, 8, 12]
+  assert _scan.sweep_lengths(12, 4) == [1, 2, 3, 4, 6, 12]  # a stack: its divisors
