@@ -73,7 +73,7 @@ def fit(
   The bytes are scaled once so that keeping every residual predicts the no-remat
   footprint. A scanned layer stack (``nn.scan``, ``jax.lax.scan`` over stacked
   parameters) runs segmented as ``apply`` runs it (``scan_segment="auto"``: with
-  ``verify``, the segment length XLA measures smallest, one compile per divisor); kept, it
+  ``verify``, the segment length XLA measures smallest, one compile per length swept); kept, it
   costs one forward pass of recompute; under ``dots`` or ``dots-no-batch`` it runs one
   iteration per segment under that policy (``nn.remat`` of the block inside the scan).
 
@@ -150,7 +150,7 @@ def fit(
       return step_bytes(fn, model_kwargs, params, batch, resolved, loss_fn)
 
   # scanned stacks segmented as apply(verify=True) segments them: the length XLA
-  # measures smallest of every divisor
+  # measures smallest of those swept (every divisor; for an RNN the powers of two too)
   segments = measured_segments(written, segmented_bytes) if verify else "auto"
   traced, scans = _scan.rewrite(written, segments)
 
