@@ -37,6 +37,11 @@ def main() -> None:
 
   r = jaxremat.apply(model.apply, params_s, x_s)
   none = jaxremat.apply(model.apply, params_s, x_s, plan=jaxremat.Plan())
+  try:  # the compiled profile replays one device's program: refused, as docs/errors.md says
+    jaxremat.apply(model.apply, params_s, x_s, profile="compiled")
+    refusal = ""
+  except jaxremat.InvalidArgumentError as e:
+    refusal = str(e)
 
   step = jax.jit(jax.grad(loss(r.fn)))
   got = step(params_s, x_s)
@@ -66,6 +71,7 @@ def main() -> None:
       "measured_one_device": fp_global.total_bytes,
       "measured_best_uniform": min(uniform.values()),
       "best_uniform_k": min(uniform, key=uniform.get),
+      "compiled_profile_refusal": refusal,
   }))
 
 

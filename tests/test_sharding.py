@@ -6,6 +6,7 @@ XLA_FLAGS must be set before jax initialises, so the checks run in a subprocess
 
 import json
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -44,6 +45,12 @@ def test_xla_statistics_are_per_device(figures):
 
 def test_profile_is_per_device(figures):
   assert figures["profiled_input_bytes"] == figures["batch_shard_bytes"]
+
+
+def test_the_compiled_profile_refuses_sharded_inputs(figures):
+  # docs/errors.md, row compiled-profile-sharded (a case here: it needs the 8-device mesh)
+  assert re.search(r"profile='compiled' replays.*sharded inputs.*profile='jaxpr'",
+                   figures["compiled_profile_refusal"]), figures["compiled_profile_refusal"]
 
 
 def test_remat_lowers_the_per_device_footprint(figures):

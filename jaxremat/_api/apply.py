@@ -111,13 +111,14 @@ def apply(
       the jaxpr and the backend's rules, scaled to XLA's footprint of the model as
       written where ``apply`` compiles it anyway (its own plan for a chain, no budget,
       ``verify`` not False): the plan without checkpoints then predicts XLA's figure.
-      ``"compiled"``: the compiled profile: the training step without remat is compiled
-      once (for ``target``) and each plan replays XLA's own schedule and buffers of it
-      (docs/memory-model.md); not with a scanned stack or sharded inputs. Default
-      (None): ``"compiled"`` for a GPU (a ``target``, or the local device), for a
-      graph of layers (whose jaxpr profile is model G alone) and for a model drawing
-      random bits (dropout: XLA:CPU keeps the bits as the key's kind makes them), where
-      the model allows it; else ``"jaxpr"``, its step as written compiled with a dump:
+      ``"compiled"``: the compiled profile: the training step without checkpoints
+      between the layers (its scans segmented) is compiled once (for ``target``) and
+      each plan replays XLA's own schedule and buffers of it (docs/memory-model.md); not
+      with sharded inputs. Default (None): ``"compiled"`` for a graph of layers (whose
+      jaxpr profile is model G alone), and for a chain without segmented scans on a GPU
+      (a ``target``, or the local device) or drawing random bits (dropout: XLA:CPU
+      keeps the bits as the key's kind makes them), where the model allows it; else
+      ``"jaxpr"``, its step as written compiled with a dump:
       when XLA misses the estimate's plan by more than 3%, the compiled profile's plan
       is the first candidate compiled, and if XLA measures it least, the compiled
       profile predicts it. ``Remat.profile`` says which predicted.
@@ -226,7 +227,10 @@ def apply(
 
   @functools.cache  # compiled once, replayed over the layers of every level
   def plain_step() -> PlainStep:
-    loss, arrays = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)
+    # no checkpoint between the layers; the scans segmented as every plan runs them
+    fn = (DropIn(model_fn, Plan(), layer_depth, traced, key, _segments(scans)) if scans
+          else model_fn)
+    loss, arrays = training_loss_with_arrays(fn, model_kwargs, loss_fn)
     return compile_plain_step(loss, params, batch, resolved, arrays)
 
   def compiled(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:
@@ -286,7 +290,7 @@ def apply(
   segmented = None if scan_segment is None else frozenset(s.layer for s in scans)
   # Compiled plans, all of jaxremat's choosing: never return one above the model as written.
   if chosen and budget is None and verified and scan_segment in ("auto", None):
-    if first.replay and first.replay.plain_bytes:
+    if first.replay and first.replay.plain_bytes and not scans:
       as_written = first.replay.plain_bytes  # the compiled profile compiled it
     else:
       as_written = measured(Plan(), written)

@@ -177,7 +177,9 @@ def fit(
       return footprint.total_bytes
 
   def replay(layers: TracedChain, kept: tuple[tuple[int, int, int], ...]) -> Replay:
-    loss = training_loss_with_arrays(model_fn, model_kwargs, loss_fn)[0]
+    # the step without checkpoints between the layers, its scans segmented
+    loss = training_loss_with_arrays(drop_in(Plan()) if scans else model_fn, model_kwargs,
+                                     loss_fn)[0]
     return compile_replay(layers, loss, params, batch, kept, resolved, arrays)
 
   with clock("profile"):  # as apply: the layer-boundary plans predicted alike

@@ -174,6 +174,9 @@ def _find(traced: TracedChain, shortest: int = 2) -> list[tuple[int, int, bool]]
   is recurrent (its xs computed from the batch): the forward or reverse scans of
   ``shortest`` iterations or more whose xs or carry depend on the batch."""
   varying = set(traced.batch_vars)
+  for eqn in traced.prelude:  # values of the batch alone moved before the layers
+    if any(not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars):
+      varying.update(eqn.outvars)
   found = []
   for li, layer in enumerate(traced.layers):
     for ei, eqn in enumerate(layer.eqns):
