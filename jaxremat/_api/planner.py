@@ -283,9 +283,10 @@ def make_planner(traced: TracedChain, scans: tuple[ScanPlan, ...], params: Any, 
     compiled = None  # by default, the estimate where the replay cannot go
   if compiled is not None and scans and not required and traced.not_a_chain is None:
     # By default a chain's segmented scans keep the estimate, whose segment workspace is
-    # compiled alone (the LSTM LM of bench/unseen.py --set recurrent: 53.16 MiB, against
-    # 54.16 with the replay); a graph's get the replay, where the jaxpr profile has only
-    # model G (its GRU seq2seq: 20.43 MiB predicted 37.8% low, 18.93 predicted 8.9% low).
+    # compiled alone (bench/unseen.py --set recurrent, deviceless H100: the LSTM LM's
+    # plan, 33.14 MiB either way, predicted +1.5% by it, -10.6% by the replay; the
+    # BiLSTM's -5.5% and -9.2%); a graph's get the replay, where the jaxpr profile has
+    # only model G (its GRU seq2seq on CPU: 20.43 MiB predicted 37.8% low, 18.93 -8.9%).
     compiled = None
   if traced.not_a_chain is not None:  # traced.is_graph
     if sharded:
