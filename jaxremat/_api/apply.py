@@ -216,9 +216,9 @@ def apply(
   scans: tuple[ScanPlan, ...] = ()
   if scan_segment is not None:
     segment: int | str | tuple[int, ...] = scan_segment
-    # the segment length XLA measures smallest: of every divisor and the estimate's with
-    # verify; by default (the plan apply chooses and confirms), of the estimate's and
-    # the divisors beside it
+    # the segment length XLA measures smallest: of those swept (_scan.sweep_lengths)
+    # with verify; by default (the plan apply chooses and confirms), of the estimate's
+    # and the lengths beside it
     if scan_segment == "auto" and (verify or (verify is None and plan is None
                                               and method == "optimal")):
       segment = measured_segments(traced, lambda t, s: measured(Plan(), t, s),

@@ -297,9 +297,9 @@ def sweep_lengths(n: int, estimate: int, recurrent: bool = False) -> list[int]:
 
 
 def segment_lengths(n: int) -> list[int]:
-  """The segment lengths worth comparing for a stack of ``n``, ascending: for each number
-  of segments ``m``, the shortest ``k`` that makes ``m`` (``ceil(n / m)``; a longer one
-  keeps as many carries and recomputes more at once)."""
+  """The segment lengths worth comparing for an RNN of ``n`` steps, ascending: for each
+  number of segments ``m``, the shortest ``k`` that makes ``m`` (``ceil(n / m)``; a
+  longer one keeps as many carries and recomputes more at once)."""
   return sorted({-(-n // m) for m in range(1, n + 1)})
 
 
