@@ -12,9 +12,8 @@ over ``k`` iterations (segment ``j`` reads rows ``jk..jk+k-1`` of the stacked ``
 followed by one shorter checkpointed segment of the last ``n mod k`` rows where ``k``
 does not divide ``n`` (for an RNN, the last segment padded); or, for one block a segment
 (``BLOCK``), by the scan of the checkpointed block. The forward keeps ``ceil(n / k)``
-carries; the backward recomputes one segment at a time. The estimate chooses ``k`` among
-the divisors of ``n`` for a stack, among every length for an RNN (whose lengths are the
-data's, often prime: 127 tokens after the shift of a language model).
+carries; the backward recomputes one segment at a time. ``k`` divides ``n`` for a stack;
+an RNN's may not (its lengths are the data's: 127 tokens after a language model's shift).
 """
 
 from __future__ import annotations
@@ -174,15 +173,18 @@ def _find(traced: TracedChain, shortest: int = 2) -> list[tuple[int, int, bool]]
   is recurrent (its xs computed from the batch): the forward or reverse scans of
   ``shortest`` iterations or more whose xs or carry depend on the batch."""
   varying = set(traced.batch_vars)
-  for eqn in traced.prelude:  # values of the batch alone moved before the layers
-    if any(not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars):
+
+  def batch_read(eqn) -> list[bool]:  # per input, whether it depends on the batch
+    dep = [not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars]
+    if any(dep):
       varying.update(eqn.outvars)
+    return dep
+  for eqn in traced.prelude:  # values of the batch alone moved before the layers
+    batch_read(eqn)
   found = []
   for li, layer in enumerate(traced.layers):
     for ei, eqn in enumerate(layer.eqns):
-      dep = [not isinstance(v, _compat.Literal) and v in varying for v in eqn.invars]
-      if any(dep):
-        varying.update(eqn.outvars)
+      dep = batch_read(eqn)
       if eqn.primitive.name != "scan":
         continue
       nc, ncarry = eqn.params["num_consts"], eqn.params["num_carry"]
