@@ -56,3 +56,19 @@ def test_an_rnn_of_prime_length_sweeps_beyond_its_divisors():
   assert _scan.sweep_lengths(127, 11, recurrent=True) == [1, 2, 4, 8, 11, 16, 32, 64, 127]
   assert _scan.sweep_lengths(12, 4, recurrent=True) == [1, 2, 3, 4, 6, 8, 12]
   assert _scan.sweep_lengths(12, 4) == [1, 2, 3, 4, 6, 12]  # a stack: its divisors
+
+
+@pytest.mark.parametrize("n,k", [(127, 4), (12, 5), (12, 4), (7, 7)])
+def test_a_scan_plans_peak_counts_an_rnns_padded_last_segment_whole(n, k):
+  """The report's model-R peak of a segmented loop: an RNN's last segment padded to ``k``
+  steps (as it runs), a stack's shorter."""
+  act, res = 4, 12
+  chain = Chain([act] * (n + 1), [res] * n)
+  steps = -(-n // k) * k
+  padded = Chain([act] * (steps + 1), [res] * steps)
+
+  def plan(recurrent):
+    return _scan.ScanPlan(0, "scan", n, k, chain, 0, recurrent=recurrent)
+
+  assert plan(True).peak_bytes == literal_peak_of(padded, tuple(range(k, steps, k)))
+  assert plan(False).peak_bytes == literal_peak_of(chain, tuple(range(k, n, k)))

@@ -79,8 +79,9 @@ class ScanPlan:
 
   @property
   def peak_bytes(self) -> int:
-    """Model R's peak of the stack under checkpoints every ``segment`` (bytes)."""
-    return peak_bytes(self.chain, _every(self.length, self.segment))
+    """Model R's peak of the stack under checkpoints every ``segment`` (bytes), an RNN's
+    padded last segment counted whole."""
+    return peak_bytes(*_as_run(self.chain, self.segment, self.recurrent))
 
   @property
   def rematerialised(self) -> bool:
@@ -233,26 +234,21 @@ def iteration_chain(eqn: _compat.JaxprEqn, name: str = "scan") -> Chain:
 
 def choose_segment(chain: Chain, any_length: bool = False) -> int:
   """The segment length ``k`` of least estimated peak, of the divisors of ``n`` or with
-  ``any_length`` of ``segment_lengths(n)``; ``n``: no remat.
-
-  The estimate is model R's peak of checkpoints every ``k`` plus, for ``k < n``, one
+  ``any_length`` of ``segment_lengths(n)``; ``n``: no remat. The estimate is model R's peak of checkpoints every ``k`` plus, for ``k < n``, one
   more copy of a segment's residuals: XLA on CPU keeps the stacked residuals of the
   recomputed inner scan in the recompute loop's buffers and again in the backward
   loop's (calibrated on the MLP and transformer stacks of tests/test_scan.py; model R
   alone favours too long segments). Ties go to the longer segment. An RNN's ``k`` that
   does not divide ``n`` is costed as run, its last segment padded to ``k`` steps, and
   chosen only where no divisor of ``n`` lies within a factor of two of it: padding
-  wastes steps and copies the xs, and the estimate's small differences between nearby
-  lengths are not XLA's (the LSTM LM of ``bench/unseen.py --set recurrent``, 128 steps:
-  the estimate's 3 led the measured sweep to 4, 54.16 MiB, where its divisor 4 led to
-  8, 53.16 MiB).
+  wastes steps, and the estimate's small differences between nearby lengths are not
+  XLA's (``bench/unseen.py --set recurrent``'s LSTM LM at 128 steps: its 3 led the
+  measured sweep to 54.16 MiB, the divisor 4 to 53.16).
   """
   n = chain.n
 
   def cost(k):
-    padded = -(-n // k) * k
-    steps = chain if padded == n else _repeated(chain, padded)
-    return peak_bytes(steps, _every(padded, k)) + (_segment_copy_bytes(chain, k) if k < n else 0)
+    return peak_bytes(*_as_run(chain, k)) + (k * chain.res_bytes[0] if k < n else 0)
 
   divisor = min(divisors(n), key=lambda k: (cost(k), -k))
   if not any_length:
@@ -261,15 +257,16 @@ def choose_segment(chain: Chain, any_length: bool = False) -> int:
   return divisor if best <= 2 * divisor and divisor <= 2 * best else best
 
 
-def _repeated(chain: Chain, n: int) -> Chain:
-  """The uniform ``chain`` of one iteration, ``n`` iterations long."""
-  return Chain([chain.act_bytes[0]] * (n + 1), [chain.res_bytes[0]] * n,
-               cot_bytes=[chain.cot_bytes[0]] * (n + 1),
-               input_res_bytes=[chain.input_res_bytes[0]] * n, flops=[chain.flops[0]] * n)
-
-
-def _segment_copy_bytes(chain: Chain, k: int) -> int:
-  return k * chain.res_bytes[0]
+def _as_run(chain: Chain, k: int, padded: bool = True) -> tuple[Chain, Plan]:
+  """The uniform ``chain`` as it runs in segments of ``k``, and their checkpoints: where
+  ``k`` does not divide its length, ``padded`` (an RNN's) one iteration repeated to whole
+  segments, else a shorter last segment (a stack's)."""
+  n = -(-chain.n // k) * k if padded else chain.n
+  if n > chain.n:
+    chain = Chain([chain.act_bytes[0]] * (n + 1), [chain.res_bytes[0]] * n,
+                  cot_bytes=[chain.cot_bytes[0]] * (n + 1),
+                  input_res_bytes=[chain.input_res_bytes[0]] * n, flops=[chain.flops[0]] * n)
+  return chain, _every(n, k)
 
 
 def _every(n: int, k: int) -> Plan:
