@@ -66,6 +66,22 @@ def test_plain_jit_on_cpu_warns_and_jaxremat_jit_keeps_remat(monkeypatch):
   assert total < jaxremat.measure(_loss(MODEL.apply), params, X).total_bytes
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the barrier pass is CPU's")
+def test_a_drop_in_without_barriers_does_not_warn(monkeypatch):
+  """A plan without checkpoints between layers (the model as written, or only scans
+  segmented, which go without barriers) has nothing a plain jax.jit could undo."""
+  monkeypatch.setenv("XLA_FLAGS", "")
+  params = MODEL.init(jax.random.key(0), X)
+  r = jaxremat.apply(MODEL.apply, params, X, plan=jaxremat.Plan(()), verify=False)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    jax.jit(jax.grad(_loss(r.fn))).lower(params, X)
+  multilevel = jaxremat.Plan((), inner=((0, jaxremat.Plan((2,))),))
+  r = jaxremat.apply(MODEL.apply, params, X, plan=multilevel, verify=False)
+  with pytest.warns(jaxremat.RematUndoneWarning):  # an inner level has barriers
+    jax.jit(jax.grad(_loss(r.fn))).lower(params, X)
+
+
 def test_jaxremat_jit_passes_jit_options_and_works_as_a_decorator():
   params = MODEL.init(jax.random.key(0), X)
   r = jaxremat.apply(MODEL.apply, params, X)

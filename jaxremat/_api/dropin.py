@@ -13,7 +13,7 @@ from jaxremat._api.compile import warn_if_barriers_dropped
 from jaxremat._backends.policy_options import scan_policy
 from jaxremat._errors import InputMismatchError, InvalidArgumentError, JaxrematError
 from jaxremat._jaxpr import scan as _scan
-from jaxremat._jaxpr.emit import emit
+from jaxremat._jaxpr.emit import emit, has_barriers
 from jaxremat._jaxpr.regroup import own_work_path
 from jaxremat._jaxpr.raised import RAISED_NOTE
 from jaxremat._jaxpr.trace import PRIVATE_KWARGS, TracedChain, split_kwargs, trace
@@ -224,7 +224,8 @@ class DropIn:
     traced, run = self._cache[key]
     arrays, _, _ = split_kwargs(kwargs)
     flat = jax.tree_util.tree_leaves((params, batch, arrays))
-    warn_if_barriers_dropped(flat)
+    if has_barriers(self._plan):  # else nothing a CPU compile could undo
+      warn_if_barriers_dropped(flat)
     return jax.tree_util.tree_unflatten(traced.out_tree, run(flat))
 
   def _check(self, key: InputKey, params: Any) -> None:

@@ -17,6 +17,16 @@ from jaxremat._model.policy_plan import DOTS, DOTS_NO_BATCH, KEEP, NAMES, Group,
 _Segment = tuple[Callable[..., Any], list, list]  # (function, its input vars, its output vars)
 
 
+def has_barriers(plan: Plan | PolicyPlan) -> bool:
+  """Whether ``emit`` runs some of the model under ``jax.checkpoint(prevent_cse=True)``,
+  whose optimization barriers XLA's CPU compiler removes unless told not to: a plan with
+  checkpoints (at any level) or a group under a policy. A segmented scan's checkpoints go
+  without barriers (``scan.py``)."""
+  if isinstance(plan, PolicyPlan):
+    return any(g.option.kind != KEEP for g in plan.groups)
+  return bool(plan.checkpoints) or any(has_barriers(p) for _, p in plan.inner)
+
+
 def emit(traced: TracedChain, plan: Plan | PolicyPlan) -> Callable[[Sequence[Any]], list[Any]]:
   """Returns ``run(flat_inputs) -> flat_outputs`` executing ``traced`` under ``plan``.
 
