@@ -68,8 +68,9 @@ def test_plain_jit_on_cpu_warns_and_jaxremat_jit_keeps_remat(monkeypatch):
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the barrier pass is CPU's")
 def test_a_drop_in_without_barriers_does_not_warn(monkeypatch):
-  """A plan without checkpoints between layers (the model as written, or only scans
-  segmented, which go without barriers) has nothing a plain jax.jit could undo."""
+  """A plan without checkpoints between layers (here the model as written; a plan that
+  segments only scans is the same to the check) has nothing a plain jax.jit could undo;
+  one with checkpoints at an inner level only does."""
   monkeypatch.setenv("XLA_FLAGS", "")
   params = MODEL.init(jax.random.key(0), X)
   r = jaxremat.apply(MODEL.apply, params, X, plan=jaxremat.Plan(()), verify=False)
