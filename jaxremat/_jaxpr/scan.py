@@ -238,8 +238,9 @@ def choose_segment(chain: Chain, any_length: bool = False) -> int:
   peak of checkpoints every ``k`` plus, for ``k < n``, one more copy of a segment's
   residuals: XLA on CPU keeps the stacked residuals of the recomputed inner scan in the
   recompute loop's buffers and again in the backward loop's (calibrated on the MLP and
-  transformer stacks of tests/test_scan.py; model R alone favours too long segments). Ties go to the longer segment. An RNN's ``k`` that
-  does not divide ``n`` is costed as run, its last segment padded to ``k`` steps, and
+  transformer stacks of tests/test_scan.py; model R alone favours too long segments).
+  Ties go to the longer segment. An RNN's ``k`` that does not divide ``n`` is costed as
+  run, its last segment padded to ``k`` steps, and
   chosen only where no divisor of ``n`` lies within a factor of two of it: padding
   wastes steps, and the estimate's small differences between nearby lengths are not
   XLA's (``bench/unseen.py --set recurrent``'s LSTM LM at 128 steps: its 3 led the
